@@ -1,0 +1,107 @@
+"""Value types shared by the handler and every store: statuses, scopes, records, outcomes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    PROCESSING = "PROCESSING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """(tenant, operation, key): two scopes that differ in any part never share a record."""
+
+    tenant: str
+    operation: str
+    key: str
+
+    def encoded(self) -> str:
+        """A collision-free single-string form: each part length-prefixed.
+
+        ``("a:b", "c", k)`` and ``("a", "b:c", k)`` encode differently because the lengths
+        differ, whatever characters the parts contain.
+        """
+        t, o, k = self.tenant, self.operation, self.key
+        return f"{len(t)}:{t}|{len(o)}:{o}|{len(k)}:{k}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record as a store returns it: the response still encoded (``bytes``), no counter."""
+
+    scope: Scope
+    status: Status
+    request_hash: str
+    response: bytes | None
+    fencing_token: int
+    created_at: float
+    updated_at: float
+    lease_expires_at: float | None
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The public view of one scope's state (``handler.get_record``).
+
+    ``response`` is the decoded value (what a replay returns); ``retry_count`` reads the
+    counter, which lives apart from the record.  Timestamps are epoch seconds from the
+    handler's clock.
+    """
+
+    tenant: str
+    operation: str
+    key: str
+    status: Status
+    request_hash: str
+    response: Any
+    retry_count: int
+    fencing_token: int
+    created_at: float
+    updated_at: float
+    lease_expires_at: float | None
+    expires_at: float | None
+
+
+class CreateOutcome(str, enum.Enum):
+    CREATED = "CREATED"
+    DUPLICATE = "DUPLICATE"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    """What ``Store.create`` returns: CREATED (we own ``fencing_token``) or DUPLICATE with the
+    existing record, read in the same round trip."""
+
+    outcome: CreateOutcome
+    record: StoredRecord
+
+    @property
+    def created(self) -> bool:
+        return self.outcome is CreateOutcome.CREATED
+
+
+@dataclass(slots=True)
+class IdempotencyContext:
+    """What the library decided for the body running in this thread/task.
+
+    ``outcome`` is one of ``"executing"``, ``"executed"``, ``"replayed"``, ``"unkeyed"``,
+    ``"failed"``, ``"poisoned"``, ``"in_progress"``, ``"rejected"``.
+    """
+
+    tenant: str | None
+    operation: str
+    key: str | None
+    request_hash: str | None
+    outcome: str
+    retry_count: int = 0
+    fencing_token: int | None = None

@@ -1,0 +1,4 @@
+from .base import Cache
+from .memory import MemoryCache
+
+__all__ = ["Cache", "MemoryCache"]

@@ -1,0 +1,223 @@
+"""The store contract every backend implements.
+
+A store is a small set of *atomic* primitives on one scope's record and its retry counter.
+All decisions (what a duplicate means, when to poison, which clock) live in the handler;
+stores only execute conditional writes and report what happened.  Timestamps are always
+passed in by the handler (``now`` from its injectable clock): stores never read a clock of
+their own for anything the contract depends on.
+
+Rules every implementation follows (the contract test suite checks each one):
+
+* ``create`` is atomic: of any number of concurrent callers for one scope exactly one gets
+  ``CREATED``.  A record whose ``expires_at`` is set and ``<= now`` counts as absent and is
+  replaced atomically; replacing an expired record also resets the scope's retry counter
+  (a scope re-created after expiry starts fresh).  ``DUPLICATE`` carries the existing record,
+  read in the same round trip.
+* Every write on an existing record is conditional on ``status == PROCESSING`` **and**
+  ``fencing_token == token``; a write whose condition fails changes nothing and reports it.
+* The retry counter lives apart from the record: releasing or deleting a record never
+  touches it, and it never decreases (only ``reset_retry_count``, the operator's
+  ``unpoison``, and replacing an expired record reset it).
+* Driver errors are translated at the boundary into
+  :class:`~idempotent_tasks.StoreUnavailableError` (``raise ... from exc``).
+* Constructors never connect; the first call does, within the store's connect timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from .._records import CreateResult, Scope, Status, StoredRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One scope to claim in ``create_many``."""
+
+    scope: Scope
+    request_hash: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailureResult:
+    """What ``record_failure`` did: the counter after the increment, and whether the record
+    was poisoned (FAILED) rather than released (deleted)."""
+
+    retry_count: int
+    poisoned: bool
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The atomic primitives the handler builds on."""
+
+    #: Label for metrics and logs, e.g. ``"memory"``, ``"sqlite"``, ``"postgresql"``, ``"redis"``.
+    name: str
+
+    def create(
+        self, scope: Scope, *, request_hash: str, token: int, now: float, lease_expires_at: float
+    ) -> CreateResult:
+        """Insert a PROCESSING record owned by ``token``, or return the live existing one."""
+        ...
+
+    def create_many(
+        self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
+    ) -> list[CreateResult]:
+        """``create`` for many scopes in one round trip where the backend allows; results in
+        the order of ``claims``.  Each claim is individually atomic.  Scopes in one call are
+        distinct (the caller de-duplicates)."""
+        ...
+
+    def get(self, scope: Scope) -> StoredRecord | None:
+        """The stored record, expired or not (the handler interprets expiry)."""
+        ...
+
+    def take_over(
+        self,
+        scope: Scope,
+        *,
+        expected_token: int,
+        new_token: int,
+        now: float,
+        lease_expires_at: float,
+    ) -> int | None:
+        """Atomically, if the record is PROCESSING with ``expected_token`` and its lease has
+        expired (``lease_expires_at <= now``): give it to ``new_token`` with a fresh lease and
+        increment the retry counter (the crashed attempt counts).  Returns the counter after
+        the increment, or ``None`` when the condition did not hold (nothing changed)."""
+        ...
+
+    def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
+        """Extend our lease (and ``updated_at``); False when we no longer own the record."""
+        ...
+
+    def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool:
+        """PROCESSING + token → SUCCESS with ``response``; False when the condition failed."""
+        ...
+
+    def mark_failed(
+        self,
+        scope: Scope,
+        *,
+        token: int,
+        now: float,
+        expires_at: float,
+        only_if_lease_expired: bool = False,
+    ) -> bool:
+        """PROCESSING + token (+ lease expired when asked) → FAILED (poisoned)."""
+        ...
+
+    def release(self, scope: Scope, *, token: int) -> bool:
+        """Delete the record if PROCESSING + token; the retry counter is untouched."""
+        ...
+
+    def record_failure(
+        self,
+        scope: Scope,
+        *,
+        token: int,
+        now: float,
+        max_retries: int,
+        expires_at: float,
+        only_if_lease_expired: bool = False,
+    ) -> FailureResult | None:
+        """One atomic step for a transient failure (or a crashed attempt found by recovery):
+        if the record is PROCESSING with ``token`` (and, when asked, its lease expired at
+        ``now``), increment the counter; if it reached ``max_retries`` mark the record FAILED
+        (``expires_at``), else delete it.  ``None`` when the condition failed: nothing was
+        counted, because the attempt no longer owns the scope."""
+        ...
+
+    def get_retry_count(self, scope: Scope) -> int:
+        ...
+
+    def reset_retry_count(self, scope: Scope) -> None:
+        """Operator reset (``unpoison``) only."""
+        ...
+
+    def delete_record(self, scope: Scope, *, status: Status | None = None) -> StoredRecord | None:
+        """Delete the record (only if it has ``status`` when given); returns what was deleted."""
+        ...
+
+    def find_stuck(
+        self, *, now: float, heartbeat_before: float | None, limit: int
+    ) -> list[StoredRecord]:
+        """PROCESSING records whose lease expired at ``now`` (and, when given, whose
+        ``updated_at`` is older than ``heartbeat_before``), oldest first, at most ``limit``."""
+        ...
+
+    def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int:
+        """Purge up to ``limit`` records with ``expires_at <= now``, then counters whose scope
+        has no record and whose last change is older than ``counters_before``.  Returns the
+        number of records purged.  Safe to run from many workers at once."""
+        ...
+
+    def list_records(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[StoredRecord]:
+        """A page of records ordered by (created_at, tenant, operation, key), for operators."""
+        ...
+
+    def stats(self) -> Mapping[tuple[str, Status], int]:
+        """Counts of records by (operation, status)."""
+        ...
+
+    def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
+        """A named lease for maintenance jobs: True if ``owner`` now holds ``name`` until
+        ``now + ttl`` (free, expired, or already ours — then extended)."""
+        ...
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        ...
+
+    def create_schema(self) -> None:
+        """Create tables/scripts if missing; idempotent.  A no-op where nothing is needed."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class BodyTransaction(Protocol):
+    """One open database transaction for an ``execute_in_transaction`` body (§2b)."""
+
+    #: What the body receives: a SQLAlchemy ``Connection`` inside the open transaction.
+    connection: Any
+
+    def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool:
+        """The conditional SUCCESS update (PROCESSING + token), *inside* this transaction."""
+        ...
+
+    def is_intact(self) -> bool:
+        """False when the body committed or rolled back the transaction itself."""
+        ...
+
+    def commit(self) -> None:
+        ...
+
+    def rollback(self) -> None:
+        ...
+
+
+@runtime_checkable
+class TransactionalStore(Store, Protocol):
+    """A store whose records live in a SQL database the body can write to (§2b)."""
+
+    def body_transaction(self) -> AbstractContextManager[BodyTransaction]:
+        """Open a connection and begin a transaction; on exit without ``commit`` it rolls
+        back, and the connection is always returned."""
+        ...

@@ -1,0 +1,298 @@
+"""In-memory store: the reference implementation of the store contract, for tests.
+
+* Guarantee: every primitive is atomic within one process (one ``threading.Lock``);
+  nothing survives the process.  Use it in unit tests and in users' own test suites.
+* Atomic primitive: the lock around a dict keyed by :class:`Scope`.
+* TTL: nothing expires by itself; ``create`` treats ``expires_at <= now`` as absent and
+  ``delete_expired`` purges, exactly like the durable stores.
+* URL: ``memory://``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from .base import ClaimRequest, FailureResult
+
+
+@dataclasses.dataclass(slots=True)
+class _Counter:
+    count: int
+    updated_at: float
+
+
+class MemoryStore:
+    """Thread-safe in-process store (also exported for users' tests)."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[Scope, StoredRecord] = {}
+        self._counters: dict[Scope, _Counter] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
+
+    # -- claims -------------------------------------------------------------------------
+    def create(
+        self, scope: Scope, *, request_hash: str, token: int, now: float, lease_expires_at: float
+    ) -> CreateResult:
+        with self._lock:
+            return self._create(scope, request_hash, token, now, lease_expires_at)
+
+    def create_many(
+        self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
+    ) -> list[CreateResult]:
+        with self._lock:
+            return [
+                self._create(c.scope, c.request_hash, c.token, now, lease_expires_at)
+                for c in claims
+            ]
+
+    def _create(
+        self, scope: Scope, request_hash: str, token: int, now: float, lease_expires_at: float
+    ) -> CreateResult:
+        existing = self._records.get(scope)
+        if existing is not None:
+            if existing.expires_at is None or existing.expires_at > now:
+                return CreateResult(CreateOutcome.DUPLICATE, existing)
+            self._counters.pop(scope, None)  # re-created after expiry: a fresh counter
+        record = StoredRecord(
+            scope=scope,
+            status=Status.PROCESSING,
+            request_hash=request_hash,
+            response=None,
+            fencing_token=token,
+            created_at=now,
+            updated_at=now,
+            lease_expires_at=lease_expires_at,
+            expires_at=None,
+        )
+        self._records[scope] = record
+        return CreateResult(CreateOutcome.CREATED, record)
+
+    def get(self, scope: Scope) -> StoredRecord | None:
+        with self._lock:
+            return self._records.get(scope)
+
+    def _owned(self, scope: Scope, token: int) -> StoredRecord | None:
+        record = self._records.get(scope)
+        if record is None or record.status is not Status.PROCESSING:
+            return None
+        if record.fencing_token != token:
+            return None
+        return record
+
+    def _update(self, record: StoredRecord, **changes: Any) -> None:
+        self._records[record.scope] = dataclasses.replace(record, **changes)
+
+    def _bump(self, scope: Scope, now: float) -> int:
+        counter = self._counters.get(scope)
+        if counter is None:
+            counter = self._counters[scope] = _Counter(0, now)
+        counter.count += 1
+        counter.updated_at = now
+        return counter.count
+
+    # -- conditional writes -------------------------------------------------------------
+    def take_over(
+        self,
+        scope: Scope,
+        *,
+        expected_token: int,
+        new_token: int,
+        now: float,
+        lease_expires_at: float,
+    ) -> int | None:
+        with self._lock:
+            record = self._owned(scope, expected_token)
+            if record is None or _lease_live(record, now):
+                return None
+            self._update(
+                record, fencing_token=new_token, lease_expires_at=lease_expires_at, updated_at=now
+            )
+            return self._bump(scope, now)
+
+    def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None:
+                return False
+            self._update(record, lease_expires_at=lease_expires_at, updated_at=now)
+            return True
+
+    def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None:
+                return False
+            self._update(
+                record,
+                status=Status.SUCCESS,
+                response=response,
+                updated_at=now,
+                lease_expires_at=None,
+                expires_at=expires_at,
+            )
+            return True
+
+    def mark_failed(
+        self,
+        scope: Scope,
+        *,
+        token: int,
+        now: float,
+        expires_at: float,
+        only_if_lease_expired: bool = False,
+    ) -> bool:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None or (only_if_lease_expired and _lease_live(record, now)):
+                return False
+            self._poison(record, now, expires_at)
+            return True
+
+    def _poison(self, record: StoredRecord, now: float, expires_at: float) -> None:
+        self._update(
+            record,
+            status=Status.FAILED,
+            updated_at=now,
+            lease_expires_at=None,
+            expires_at=expires_at,
+        )
+
+    def release(self, scope: Scope, *, token: int) -> bool:
+        with self._lock:
+            if self._owned(scope, token) is None:
+                return False
+            del self._records[scope]
+            return True
+
+    def record_failure(
+        self,
+        scope: Scope,
+        *,
+        token: int,
+        now: float,
+        max_retries: int,
+        expires_at: float,
+        only_if_lease_expired: bool = False,
+    ) -> FailureResult | None:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None or (only_if_lease_expired and _lease_live(record, now)):
+                return None
+            count = self._bump(scope, now)
+            if count >= max_retries:
+                self._poison(record, now, expires_at)
+                return FailureResult(count, poisoned=True)
+            del self._records[scope]
+            return FailureResult(count, poisoned=False)
+
+    # -- counters and operator actions --------------------------------------------------
+    def get_retry_count(self, scope: Scope) -> int:
+        with self._lock:
+            counter = self._counters.get(scope)
+            return counter.count if counter else 0
+
+    def reset_retry_count(self, scope: Scope) -> None:
+        with self._lock:
+            self._counters.pop(scope, None)
+
+    def delete_record(self, scope: Scope, *, status: Status | None = None) -> StoredRecord | None:
+        with self._lock:
+            record = self._records.get(scope)
+            if record is None or (status is not None and record.status is not status):
+                return None
+            del self._records[scope]
+            return record
+
+    # -- maintenance --------------------------------------------------------------------
+    def find_stuck(
+        self, *, now: float, heartbeat_before: float | None, limit: int
+    ) -> list[StoredRecord]:
+        with self._lock:
+            stuck = [
+                r
+                for r in self._records.values()
+                if r.status is Status.PROCESSING
+                and not _lease_live(r, now)
+                and (heartbeat_before is None or r.updated_at < heartbeat_before)
+            ]
+        stuck.sort(key=lambda r: r.updated_at)
+        return stuck[:limit]
+
+    def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int:
+        with self._lock:
+            expired = [
+                s
+                for s, r in self._records.items()
+                if r.expires_at is not None and r.expires_at <= now
+            ][:limit]
+            for scope in expired:
+                del self._records[scope]
+            stale = [
+                s
+                for s, c in self._counters.items()
+                if s not in self._records and c.updated_at < counters_before
+            ]
+            for scope in stale:
+                del self._counters[scope]
+            return len(expired)
+
+    def list_records(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[StoredRecord]:
+        with self._lock:
+            rows = [
+                r
+                for r in self._records.values()
+                if (status is None or r.status is status)
+                and (operation is None or r.scope.operation == operation)
+                and (tenant is None or r.scope.tenant == tenant)
+            ]
+        rows.sort(key=lambda r: (r.created_at, r.scope.tenant, r.scope.operation, r.scope.key))
+        return rows[offset : offset + limit]
+
+    def stats(self) -> Mapping[tuple[str, Status], int]:
+        counts: dict[tuple[str, Status], int] = {}
+        with self._lock:
+            for r in self._records.values():
+                k = (r.scope.operation, r.status)
+                counts[k] = counts.get(k, 0) + 1
+        return counts
+
+    def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
+        with self._lock:
+            held = self._locks.get(name)
+            if held is not None and held[0] != owner and held[1] > now:
+                return False
+            self._locks[name] = (owner, now + ttl)
+            return True
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        with self._lock:
+            held = self._locks.get(name)
+            if held is not None and held[0] == owner:
+                del self._locks[name]
+
+    def create_schema(self) -> None:
+        """Nothing to create."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def _lease_live(record: StoredRecord, now: float) -> bool:
+    return record.lease_expires_at is not None and record.lease_expires_at > now
