@@ -1,15 +1,94 @@
-"""idempotent_tasks: exactly-once effects for task queues on at-least-once delivery."""
+"""idempotent_tasks: exactly-once effects for task queues on at-least-once delivery.
 
-from ._errors import ErrorCode, IdempotencyError, idempotency_error_status
+Optional pieces (SQL, Redis, integrations) import lazily; a missing extra says which one to
+install.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._context import current_context
+from ._errors import (
+    ConfigurationError,
+    ConflictError,
+    ErrorCode,
+    IdempotencyError,
+    InvalidInputError,
+    KeyReusedError,
+    OutcomeNotRecordedError,
+    RecordNotFoundError,
+    RequestFailedError,
+    RequestInProgressError,
+    ResponseNotSerializableError,
+    StoreUnavailableError,
+    idempotency_error_status,
+)
+from ._handler import IdempotencyHandler
+from ._logging import create_logger_adapter
+from ._metrics import Metrics, NoMetrics, PrometheusMetrics
 from ._records import IdempotencyContext, Record, Status
+from ._serialization import JSONSerializer, Serializer
+from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
+if TYPE_CHECKING:
+    from .caches.redis import RedisCache
+    from .stores.redis import RedisStore
+    from .stores.sql import SQLStore
+
+_LAZY = {
+    "SQLStore": (".stores.sql", "SQLStore", "postgres"),
+    "RedisStore": (".stores.redis", "RedisStore", "redis"),
+    "RedisCache": (".caches.redis", "RedisCache", "redis"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module_name, attr, extra = _LAZY[name]
+        try:
+            module = importlib.import_module(module_name, __name__)
+        except ImportError as exc:
+            raise ImportError(
+                f"{name} needs an optional dependency: pip install 'idempotent-tasks[{extra}]'"
+            ) from exc
+        value = getattr(module, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "ConfigurationError",
+    "ConflictError",
     "ErrorCode",
     "IdempotencyContext",
     "IdempotencyError",
+    "IdempotencyHandler",
+    "InvalidInputError",
+    "JSONSerializer",
+    "KeyReusedError",
+    "MemoryCache",
     "MemoryStore",
+    "Metrics",
+    "NoMetrics",
+    "OutcomeNotRecordedError",
+    "PrometheusMetrics",
     "Record",
+    "RecordNotFoundError",
+    "RedisCache",
+    "RedisStore",
+    "RequestFailedError",
+    "RequestInProgressError",
+    "ResponseNotSerializableError",
+    "SQLStore",
+    "Serializer",
     "Status",
+    "StoreUnavailableError",
+    "create_logger_adapter",
+    "current_context",
     "idempotency_error_status",
 ]

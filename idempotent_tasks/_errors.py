@@ -12,7 +12,9 @@ import enum
 from collections.abc import Mapping
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
+    """Stable, machine-readable codes (a ``str`` enum: ``code == "REQUEST_FAILED"`` holds)."""
+
     MISSING_KEY = "MISSING_KEY"
     INVALID_KEY = "INVALID_KEY"
     MISSING_TENANT = "MISSING_TENANT"
@@ -28,10 +30,6 @@ class ErrorCode(str, enum.Enum):
     RESPONSE_NOT_SERIALIZABLE = "RESPONSE_NOT_SERIALIZABLE"
     CONFIGURATION_ERROR = "CONFIGURATION_ERROR"
     INTERNAL_ERROR = "INTERNAL_ERROR"
-
-    def __str__(self) -> str:
-        return self.value
-
 
 DEFAULT_STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.MISSING_KEY: 400,

@@ -7,13 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     PROCESSING = "PROCESSING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +69,7 @@ class Record:
     expires_at: float | None
 
 
-class CreateOutcome(str, enum.Enum):
+class CreateOutcome(enum.StrEnum):
     CREATED = "CREATED"
     DUPLICATE = "DUPLICATE"
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from idempotent_tasks import MemoryStore
+from idempotent_tasks.testing import FakeClock
 from idempotent_tasks.stores.base import Store
 
 from ._services import POSTGRES_URL, REDIS_URL, require
@@ -65,19 +66,6 @@ def store(store_kind: str, tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         drop_store(s)
-
-
-class FakeClock:
-    """An injectable clock that only moves when told to."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

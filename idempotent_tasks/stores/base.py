@@ -26,8 +26,8 @@ Rules every implementation follows (the contract test suite checks each one):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .._records import CreateResult, Scope, Status, StoredRecord
