@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from idempotent_tasks import MemoryStore
-from idempotent_tasks.testing import FakeClock
 from idempotent_tasks.stores.base import Store
+from idempotent_tasks.testing import FakeClock
 
 from ._services import POSTGRES_URL, REDIS_URL, require
 
