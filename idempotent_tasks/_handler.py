@@ -226,13 +226,14 @@ class IdempotencyHandler:
             replayed: T = claim.replay
             return replayed
         assert claim.token is not None
-        with self._running(call, claim) as lease:
+        with self._running(call, claim):
             try:
                 result = fn()
             except BaseException as exc:
                 self.on_body_error(call, claim.token, exc, permanent)
                 raise
-        return self.complete(call, claim.token, result, lease)  # type: ignore[no-any-return]
+        done: T = self.complete(call, claim.token, result)
+        return done
 
     async def execute_async(
         self,
@@ -262,13 +263,13 @@ class IdempotencyHandler:
             replayed: T = claim.replay
             return replayed
         assert claim.token is not None
-        with self._running(call, claim) as lease:
+        with self._running(call, claim):
             try:
                 result = await afn()
             except BaseException as exc:
                 await asyncio.to_thread(self.on_body_error, call, claim.token, exc, permanent)
                 raise
-        done: T = await asyncio.to_thread(self.complete, call, claim.token, result, lease)
+        done: T = await asyncio.to_thread(self.complete, call, claim.token, result)
         return done
 
     def execute_in_transaction(
@@ -458,21 +459,24 @@ class IdempotencyHandler:
 
     # ------------------------------------------------------------------ phase 3: run
     @contextmanager
-    def _running(self, call: Call, claim: Claim) -> Iterator[Lease]:
+    def _running(self, call: Call, claim: Claim) -> Iterator[None]:
+        """Bind the context, and keep the lease alive while the body runs (if configured)."""
         assert claim.token is not None
-        lease = Lease(call.scope, claim.token, call.options.lease_timeout)
         ctx = IdempotencyContext(
             tenant=call.scope.tenant, operation=call.scope.operation, key=call.scope.key,
             request_hash=call.request_hash, outcome="executing", retry_count=claim.retry_count,
             fencing_token=claim.token,
         )
-        ident = self._heartbeat.register(lease) if self._heartbeat is not None else None
+        heartbeat = self._heartbeat
+        ident = None
+        if heartbeat is not None:
+            ident = heartbeat.register(Lease(call.scope, claim.token, call.options.lease_timeout))
         try:
             with bound_context(ctx):
-                yield lease
+                yield
         finally:
-            if ident is not None and self._heartbeat is not None:
-                self._heartbeat.unregister(ident)
+            if ident is not None and heartbeat is not None:
+                heartbeat.unregister(ident)
 
     def _renew(self, lease: Lease) -> bool:
         now = self.clock()
@@ -510,7 +514,7 @@ class IdempotencyHandler:
             ) from exc
         return encoded
 
-    def complete(self, call: Call, token: int, result: Any, lease: Lease | None = None) -> Any:
+    def complete(self, call: Call, token: int, result: Any) -> Any:
         encoded = self.encode_response(call, token, result)
         now = self.clock()
         stored = self._write_outcome(

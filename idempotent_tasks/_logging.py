@@ -42,15 +42,42 @@ def _to_stdlib(_: Any, __: str, event_dict: structlog.typing.EventDict) -> dict[
     }
 
 
+class _GatedLogger:
+    """structlog over the stdlib logger, asking the stdlib level first.
+
+    ``isEnabledFor`` is a cached dict look-up in the stdlib, so a disabled level (debug, in
+    most production setups) costs a method call on the hot path, not a processor chain.
+    """
+
+    def __init__(self, std: logging.Logger) -> None:
+        self._std = std
+        self._bound: Any = structlog.wrap_logger(
+            std,
+            processors=[structlog.stdlib.filter_by_level, _to_stdlib],
+            wrapper_class=structlog.stdlib.BoundLogger,
+            context_class=dict,
+            cache_logger_on_first_use=True,
+        )
+
+    def debug(self, event: str, **fields: Any) -> None:
+        if self._std.isEnabledFor(logging.DEBUG):
+            self._bound.debug(event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        if self._std.isEnabledFor(logging.INFO):
+            self._bound.info(event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        if self._std.isEnabledFor(logging.WARNING):
+            self._bound.warning(event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        if self._std.isEnabledFor(logging.ERROR):
+            self._bound.error(event, **fields)
+
+
 def default_logger() -> Logger:
-    std = logging.getLogger(LOGGER_NAME)
-    logger: Logger = structlog.wrap_logger(
-        std,
-        processors=[structlog.stdlib.filter_by_level, _to_stdlib],
-        wrapper_class=structlog.stdlib.BoundLogger,
-        context_class=dict,
-    )
-    return logger
+    return _GatedLogger(logging.getLogger(LOGGER_NAME))
 
 
 class _AdapterLogger:

@@ -132,18 +132,27 @@ class PrometheusMetrics:
                 collectors = _SHARED[id(self.registry)] = _build_collectors(self.registry)
         self._c = collectors
         self._latency_children: dict[tuple[str, str], Any] = {}
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, name: str, *labels: str) -> Any:
+        """Label look-ups cost microseconds; cache the children (labels are few)."""
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._c[name].labels(*labels)
+        return child
 
     def duplicate(self, operation: str, status: str) -> None:
-        self._c["duplicates"].labels(operation, status).inc()
+        self._child("duplicates", operation, status).inc()
 
     def cache_hit(self, operation: str) -> None:
-        self._c["cache_hits"].labels(operation).inc()
+        self._child("cache_hits", operation).inc()
 
     def cache_error(self, cache: str) -> None:
         self._c["cache_errors"].labels(cache).inc()
 
     def execution(self, operation: str, outcome: str) -> None:
-        self._c["executions"].labels(operation, outcome).inc()
+        self._child("executions", operation, outcome).inc()
 
     def poisoned(self, operation: str) -> None:
         self._c["poisoned"].labels(operation).inc()
