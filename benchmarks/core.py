@@ -9,8 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, MemoryCache
-from idempotent_tasks import MemoryStore, PrometheusMetrics
+from idempotent_tasks import (
+    ErrorCode,
+    IdempotencyError,
+    IdempotencyHandler,
+    MemoryCache,
+    MemoryStore,
+    PrometheusMetrics,
+)
 from idempotent_tasks.stores.base import Store
 
 from ._timing import per_op_us
