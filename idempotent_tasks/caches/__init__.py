@@ -1,4 +1,5 @@
 from .base import Cache
 from .memory import MemoryCache
+from .redis import RedisCache
 
-__all__ = ["Cache", "MemoryCache"]
+__all__ = ["Cache", "MemoryCache", "RedisCache"]

@@ -1,0 +1,422 @@
+"""RedisStore beyond the shared contract: failure modes, key layout, GC TTLs, the index.
+
+The contract itself runs against Redis through ``tests/stores/test_store_contract.py``
+(``-k redis``).  Tests that stop a server start their own ``redis-server`` on a free port;
+the shared one on 6379 is never stopped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotent_tasks import ErrorCode, IdempotencyError, StoreUnavailableError
+from idempotent_tasks._records import Scope, Status
+from idempotent_tasks.stores.base import ClaimRequest, Store
+from idempotent_tasks.stores.redis import RedisStore, driver_errors
+
+from .._services import REDIS_URL, require
+
+redis = pytest.importorskip("redis")
+from redis.crc import key_slot  # noqa: E402
+
+pytestmark = pytest.mark.redis
+
+NOW = 1_700_000_000.0
+S = Scope("acme", "payments.charge", "k-1")
+
+
+# -- helpers shared with test_redis_cluster.py -------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_redis(port: int, workdir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """A private redis-server on ``port``, answering PING before this returns."""
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until(lambda: _pings(port), f"redis-server on port {port} did not start", proc)
+    return proc
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    message: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    timeout: float = 15.0,
+) -> None:
+    """Poll ``condition`` (a readiness check, not a sleep that hopes) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{message}: exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(message)
+        time.sleep(0.02)
+
+
+def _pings(port: int) -> bool:
+    client = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def claim(store: Store, scope: Scope = S, token: int = 1, now: float = NOW) -> Any:
+    return store.create(scope, request_hash="h", token=token, now=now, lease_expires_at=now + 30)
+
+
+# -- fixtures -----------------------------------------------------------------------------
+@pytest.fixture
+def rstore() -> Iterator[RedisStore]:
+    require("redis")
+    store = RedisStore(REDIS_URL, prefix=f"rt_{uuid.uuid4().hex[:10]}", gc_ttl=1000)
+    store.create_schema()
+    try:
+        yield store
+    finally:
+        store.drop_schema()
+        store.close()
+
+
+@pytest.fixture
+def raw() -> Iterator[Any]:
+    require("redis")
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+# -- store down ---------------------------------------------------------------------------
+CALLS: dict[str, Callable[[Store], object]] = {
+    "create": lambda s: claim(s),
+    "create_many": lambda s: s.create_many(
+        [ClaimRequest(S, "h", 1), ClaimRequest(Scope("a", "b", "c"), "h", 2)],
+        now=NOW,
+        lease_expires_at=NOW + 1,
+    ),
+    "get": lambda s: s.get(S),
+    "take_over": lambda s: s.take_over(
+        S, expected_token=1, new_token=2, now=NOW, lease_expires_at=NOW + 1
+    ),
+    "heartbeat": lambda s: s.heartbeat(S, token=1, now=NOW, lease_expires_at=NOW + 1),
+    "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
+    "mark_failed": lambda s: s.mark_failed(S, token=1, now=NOW, expires_at=NOW),
+    "release": lambda s: s.release(S, token=1),
+    "record_failure": lambda s: s.record_failure(
+        S, token=1, now=NOW, max_retries=3, expires_at=NOW
+    ),
+    "get_retry_count": lambda s: s.get_retry_count(S),
+    "reset_retry_count": lambda s: s.reset_retry_count(S),
+    "delete_record": lambda s: s.delete_record(S),
+    "find_stuck": lambda s: s.find_stuck(now=NOW, heartbeat_before=None, limit=10),
+    "delete_expired": lambda s: s.delete_expired(now=NOW, counters_before=NOW, limit=10),
+    "list_records": lambda s: s.list_records(),
+    "stats": lambda s: s.stats(),
+    "acquire_lock": lambda s: s.acquire_lock("x", owner="w", now=NOW, ttl=1),
+    "release_lock": lambda s: s.release_lock("x", owner="w"),
+    "create_schema": lambda s: s.create_schema(),
+    "drop_schema": lambda s: s.drop_schema(),  # type: ignore[attr-defined]
+}
+
+
+def test_every_store_method_is_covered_by_the_store_down_table() -> None:
+    public = {n for n, _ in inspect.getmembers(RedisStore, inspect.isfunction) if n[0] != "_"}
+    assert public - {"close"} == set(CALLS)
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_closed_port_fails_fast_with_store_unavailable(call: str) -> None:
+    store = RedisStore("redis://127.0.0.1:1/0", connect_timeout=0.5)  # never connects here
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as info:
+        CALLS[call](store)
+    assert time.monotonic() - start < 2.0
+    assert info.value.code is ErrorCode.STORE_UNAVAILABLE
+    assert isinstance(info.value.__cause__, driver_errors())
+
+
+def test_silent_server_is_bounded_by_the_socket_timeout() -> None:
+    with socket.socket() as listener:  # accepts connections (backlog) and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", connect_timeout=0.5, socket_timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            claim(store)
+        assert time.monotonic() - start < 2.0
+
+
+def test_server_killed_mid_test_then_restarted(tmp_path: Path) -> None:
+    require("redis")
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", connect_timeout=0.5, socket_timeout=1.0)
+    try:
+        store.create_schema()
+        assert claim(store).created
+        stop_redis(proc)
+        for call in ("create", "get", "mark_success", "find_stuck"):
+            with pytest.raises(StoreUnavailableError):
+                CALLS[call](store)
+        proc = start_redis(port, tmp_path)  # empty (no persistence) and without our scripts
+        assert claim(store, token=5).created  # NOSCRIPT is handled: scripts load again
+        assert store.mark_success(S, token=5, response=b"ok", now=NOW, expires_at=NOW + 9)
+        replay = claim(store, token=6)
+        assert not replay.created and replay.record.response == b"ok"
+    finally:
+        store.close()
+        stop_redis(proc)
+
+
+def test_scripts_flushed_on_the_server_are_loaded_again(tmp_path: Path) -> None:
+    require("redis")
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    store = RedisStore(f"redis://127.0.0.1:{port}/0")
+    try:
+        assert claim(store).created
+        redis.Redis(port=port).script_flush()
+        assert not claim(store, token=2).created
+        results = store.create_many(
+            [ClaimRequest(Scope("t", "op", str(i)), "h", i) for i in range(600)],
+            now=NOW,
+            lease_expires_at=NOW + 30,
+        )  # more than one script call: the pipeline path
+        assert all(r.created for r in results)
+        redis.Redis(port=port).script_flush()
+        again = store.create_many(
+            [ClaimRequest(Scope("t", "op", str(i)), "h", 9) for i in range(600)],
+            now=NOW,
+            lease_expires_at=NOW + 30,
+        )
+        assert [r.record.fencing_token for r in again] == list(range(600))
+    finally:
+        store.close()
+        stop_redis(proc)
+
+
+class _Raising:
+    """A client whose every command raises ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.exc
+
+    def pipeline(self, transaction: bool = False) -> Any:
+        raise self.exc
+
+    def register_script(self, text: bytes) -> Any:  # local: computes the SHA-1 only
+        from redis.commands.core import Script
+
+        return Script(self, text)  # type: ignore[arg-type]
+
+
+def _driver_exception_classes() -> list[type[BaseException]]:
+    from redis.exceptions import RedisClusterException, RedisError
+
+    classes = {
+        obj
+        for obj in vars(redis.exceptions).values()
+        if isinstance(obj, type) and issubclass(obj, RedisError | RedisClusterException)
+    }
+    return sorted(classes, key=lambda c: c.__name__)
+
+
+def test_translation_covers_every_redis_exception_class() -> None:
+    classes = _driver_exception_classes()
+    assert len(classes) > 20  # the module really was enumerated
+    for cls in classes:
+        try:
+            exc = cls("boom")
+        except ValueError:  # redirections parse their message: "<slot> <host:port>"
+            exc = cls("1234 127.0.0.1:7000")
+        store = RedisStore(_Raising(exc))  # type: ignore[arg-type]
+        for call in ("create", "get", "mark_success", "find_stuck", "create_many"):
+            if cls is redis.exceptions.NoScriptError and call != "get":
+                continue  # NOSCRIPT is handled (script loaded again), see the test above
+            with pytest.raises(StoreUnavailableError) as info:
+                CALLS[call](store)
+            assert info.value.__cause__ is exc, (cls, call)
+
+
+def test_programming_errors_are_not_disguised_as_store_outages() -> None:
+    store = RedisStore(_Raising(ZeroDivisionError("bug")))  # type: ignore[arg-type]
+    with pytest.raises(ZeroDivisionError):
+        claim(store)
+
+
+# -- key layout -----------------------------------------------------------------------------
+def test_a_scope_and_its_index_share_one_slot_whatever_its_characters(
+    rstore: RedisStore, raw: Any
+) -> None:
+    nasty = Scope("{tenant}", "op}{", "{k")
+    assert claim(rstore, nasty).created
+    rstore.record_failure(nasty, token=1, now=NOW, max_retries=1, expires_at=NOW + 9)
+    keys = [k.decode() for k in raw.scan_iter(match=f"{rstore.prefix}:*", count=1000)]
+    assert len(keys) == 4  # record, counter, finished index, counter index
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+    assert not any("tenant" in k or "op}" in k for k in keys)
+
+
+def test_prefix_with_a_brace_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisStore("redis://127.0.0.1:6379/0", prefix="a{b}")
+
+
+def test_a_record_of_another_scope_under_our_key_is_never_served(
+    rstore: RedisStore, raw: Any
+) -> None:
+    other = Scope("acme", "payments.charge", "k-2")
+    assert claim(rstore, other).created
+    ours, theirs = rstore._keys(S), rstore._keys(other)
+    raw.copy(theirs.record, ours.record)  # what a digest collision would look like
+    assert rstore.get(S) is None
+    with pytest.raises(IdempotencyError):
+        claim(rstore)
+
+
+# -- garbage-collection TTLs and the index ---------------------------------------------------
+def test_redis_ttls_are_logical_time_plus_gc_ttl(rstore: RedisStore, raw: Any) -> None:
+    k = rstore._keys(S)
+    claim(rstore)  # lease 30 s, gc_ttl 1000 s
+    assert 1029_000 < raw.pttl(k.record) <= 1030_000
+    assert rstore.heartbeat(S, token=1, now=NOW + 10, lease_expires_at=NOW + 100)
+    assert 1089_000 < raw.pttl(k.record) <= 1090_000
+    assert rstore.take_over(S, expected_token=1, new_token=2, now=NOW + 100,
+                            lease_expires_at=NOW + 130) == 1  # fmt: skip
+    assert 1029_000 < raw.pttl(k.counter) <= 1030_000
+    assert rstore.mark_success(S, token=2, response=b"1", now=NOW + 110, expires_at=NOW + 610)
+    assert 1499_000 < raw.pttl(k.record) <= 1500_000
+    assert 1499_000 < raw.pttl(k.counter) <= 1500_000
+    other = Scope("t", "op", "released")
+    claim(rstore, other)
+    rstore.record_failure(other, token=1, now=NOW, max_retries=5, expires_at=NOW + 5)
+    assert 999_000 < raw.pttl(rstore._keys(other).counter) <= 1000_000
+
+
+def test_logical_expiry_ignores_redis_time(rstore: RedisStore) -> None:
+    claim(rstore, now=NOW)  # 2023 timestamps: long "expired" by Redis's own clock
+    assert rstore.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 5)
+    assert not claim(rstore, token=2, now=NOW + 4).created
+    assert claim(rstore, token=3, now=NOW + 5).created
+
+
+def test_index_entries_of_garbage_collected_records_are_dropped(
+    rstore: RedisStore, raw: Any
+) -> None:
+    stuck, done = Scope("t", "op", "stuck"), Scope("t", "op", "done")
+    claim(rstore, stuck)
+    claim(rstore, done)
+    rstore.mark_success(done, token=1, response=b"1", now=NOW, expires_at=NOW + 1)
+    rstore.record_failure(done, token=1, now=NOW, max_retries=1, expires_at=NOW)  # no-op
+    ks, kd = rstore._keys(stuck), rstore._keys(done)
+    raw.delete(ks.record, kd.record)  # what Redis's own expiry does after gc_ttl
+    assert rstore.find_stuck(now=NOW + 60, heartbeat_before=None, limit=10) == []
+    assert raw.zscore(ks.processing, ks.member) is None
+    assert rstore.delete_expired(now=NOW + 60, counters_before=NOW, limit=10) == 0
+    assert raw.zscore(kd.finished, kd.member) is None
+
+
+def test_find_stuck_pages_past_records_the_heartbeat_filter_skips(rstore: RedisStore) -> None:
+    scopes = [Scope("t", "op", f"k{i}") for i in range(150)]
+    rstore.create_many(
+        [ClaimRequest(s, "h", i) for i, s in enumerate(scopes)], now=NOW, lease_expires_at=NOW + 1
+    )
+    old = Scope("t", "op", "old")
+    claim(rstore, old, now=NOW - 100)  # lease NOW - 70, updated NOW - 100
+    for s in scopes:
+        rstore.heartbeat(s, token=scopes.index(s), now=NOW + 1, lease_expires_at=NOW + 2)
+    found = rstore.find_stuck(now=NOW + 50, heartbeat_before=NOW - 50, limit=1)
+    assert [r.scope for r in found] == [old]
+    assert len(rstore.find_stuck(now=NOW + 50, heartbeat_before=None, limit=500)) == 151
+
+
+def test_counter_of_a_scope_with_a_live_record_is_kept(rstore: RedisStore) -> None:
+    claim(rstore)
+    rstore.record_failure(S, token=1, now=NOW, max_retries=1, expires_at=NOW + 10_000)
+    assert rstore.delete_expired(now=NOW + 100, counters_before=NOW + 50, limit=10) == 0
+    assert rstore.get_retry_count(S) == 1
+    assert rstore.delete_expired(now=NOW + 10_000, counters_before=NOW + 9_000, limit=10) == 1
+    rstore.delete_expired(now=NOW + 20_000, counters_before=NOW + 19_999, limit=10)
+    assert rstore.get_retry_count(S) == 0
+
+
+def test_create_many_replaces_expired_records_and_resets_their_counters(
+    rstore: RedisStore,
+) -> None:
+    claim(rstore)
+    rstore.record_failure(S, token=1, now=NOW, max_retries=1, expires_at=NOW + 10)
+    other = Scope("t", "op", "fresh")
+    results = rstore.create_many(
+        [ClaimRequest(S, "h2", 7), ClaimRequest(other, "h", 8)],
+        now=NOW + 10,
+        lease_expires_at=NOW + 40,
+    )
+    assert [r.created for r in results] == [True, True]
+    assert rstore.get_retry_count(S) == 0
+    rec = rstore.get(S)
+    assert rec is not None and rec.status is Status.PROCESSING and rec.request_hash == "h2"
+
+
+def test_create_many_claims_at_least_20000_scopes_per_second(rstore: RedisStore) -> None:
+    best = 0.0
+    for attempt in range(3):
+        claims = [ClaimRequest(Scope("t", "bulk", f"{attempt}-{i}"), "h", i) for i in range(4000)]
+        start = time.perf_counter()
+        for i in range(0, len(claims), 500):
+            rstore.create_many(claims[i : i + 500], now=NOW, lease_expires_at=NOW + 30)
+        best = max(best, len(claims) / (time.perf_counter() - start))
+    assert best >= 20_000, f"{best:,.0f} scopes/s"
+
+
+# -- optional dependency ----------------------------------------------------------------------
+def test_import_works_without_redis_and_the_store_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import idempotent_tasks\n"
+        "from idempotent_tasks.caches import RedisCache\n"
+        "try:\n"
+        "    idempotent_tasks.RedisStore('redis://127.0.0.1:6379/0')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "try:\n"
+        "    RedisCache('redis://127.0.0.1:6379/0')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.count("pip install 'idempotent-tasks[redis]'") == 2
