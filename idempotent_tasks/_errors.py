@@ -58,14 +58,16 @@ class IdempotencyError(Exception):
     def __init__(
         self,
         message: str,
-        *,
-        code: ErrorCode | None = None,
+        code: ErrorCode | str | None = None,
         tenant: str | None = None,
         operation: str | None = None,
         key: str | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code: ErrorCode = code if code is not None else self.default_code
+        resolved = ErrorCode(code) if code is not None else self.default_code
+        # ``args`` carries everything, so that result backends which rebuild exceptions as
+        # ``cls(*args)`` (Celery's JSON backend) keep the code and the scope.
+        super().__init__(message, resolved.value, tenant, operation, key)
+        self.code: ErrorCode = resolved
         self.message = message
         self.tenant = tenant
         self.operation = operation

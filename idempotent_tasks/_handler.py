@@ -225,14 +225,7 @@ class IdempotencyHandler:
         if not claim.owned:
             replayed: T = claim.replay
             return replayed
-        assert claim.token is not None
-        with self._running(call, claim):
-            try:
-                result = fn()
-            except BaseException as exc:
-                self.on_body_error(call, claim.token, exc, permanent)
-                raise
-        done: T = self.complete(call, claim.token, result)
+        done: T = self.run_claimed(call, claim, fn, permanent)
         return done
 
     async def execute_async(
@@ -388,13 +381,15 @@ class IdempotencyHandler:
             )
             if result.created:
                 return Claim(token, 0)
-            claim = self._on_duplicate(call, result.record)
+            claim = self.decide_duplicate(call, result.record)
             if claim is not None:
                 return claim
         raise call.error(ErrorCode.REQUEST_IN_PROGRESS, "the scope changed hands repeatedly")
 
-    def _on_duplicate(self, call: Call, record: StoredRecord | None) -> Claim | None:
-        """Decide for an existing record; ``None`` means "it changed: claim again"."""
+    def decide_duplicate(self, call: Call, record: StoredRecord | None) -> Claim | None:
+        """Decide for an existing record (§2.4): a replay ``Claim``, a takeover ``Claim`` we
+        own, or an ``IdempotencyError``; ``None`` means "it changed meanwhile: claim again".
+        Public for integrations that claim in bulk (``Store.create_many``)."""
         if record is None:
             return None
         fields = call.fields()
@@ -455,9 +450,35 @@ class IdempotencyHandler:
         record = self.store_call("get", self.store.get, call.scope)
         if record is None or self._expired(record, self.clock()):
             return None
-        return self._on_duplicate(call, record)
+        return self.decide_duplicate(call, record)
 
     # ------------------------------------------------------------------ phase 3: run
+    def run_claimed(
+        self,
+        call: Call,
+        claim: Claim,
+        fn: Callable[..., T],
+        permanent: Permanent = (),
+        *,
+        transactional: bool = False,
+    ) -> T:
+        """Run the body of a scope we own and record its outcome (what ``execute`` does after
+        ``claim``): ``fn()``, or ``fn(conn)`` inside the store's transaction (§2b)."""
+        assert claim.token is not None, "run_claimed needs an owned claim"
+        if transactional:
+            from ._transactional import run_owned_in_transaction
+
+            with self._running(call, claim):
+                return run_owned_in_transaction(self, call, claim.token, fn, permanent)
+        with self._running(call, claim):
+            try:
+                result = fn()
+            except BaseException as exc:
+                self.on_body_error(call, claim.token, exc, permanent)
+                raise
+        done: T = self.complete(call, claim.token, result)
+        return done
+
     @contextmanager
     def _running(self, call: Call, claim: Claim) -> Iterator[None]:
         """Bind the context, and keep the lease alive while the body runs (if configured)."""
@@ -533,12 +554,13 @@ class IdempotencyHandler:
 
     def on_body_error(
         self, call: Call, token: int, exc: BaseException, permanent: Permanent
-    ) -> None:
-        """Permanent → poison; transient → count, then release or poison (§2.5)."""
+    ) -> Literal["poisoned", "released", "lease_lost"]:
+        """Permanent → poison; transient → count, then release or poison (§2.5).  Returns
+        what was recorded (``"lease_lost"``: nothing, another attempt owns the scope)."""
         if is_permanent(exc, permanent):
             self.metrics.execution(call.scope.operation, "permanent_failure")
-            self.poison(call, token, reason="permanent_failure", error=type(exc).__name__)
-            return
+            ok = self.poison(call, token, reason="permanent_failure", error=type(exc).__name__)
+            return "poisoned" if ok else "lease_lost"
         self.metrics.execution(call.scope.operation, "transient_failure")
         now = self.clock()
         result = self._write_outcome(
@@ -548,17 +570,19 @@ class IdempotencyHandler:
         )
         if result is None:
             self.lease_lost(call)
-        elif result.poisoned:
+            return "lease_lost"
+        if result.poisoned:
             self.metrics.poisoned(call.scope.operation)
             self.log.warning(
                 "poisoned", status="FAILED", reason="retries_exhausted",
                 retry_count=result.retry_count, error=type(exc).__name__, **call.fields(),
             )
-        else:
-            self.log.info(
-                "released_for_retry", status="RELEASED", retry_count=result.retry_count,
-                error=type(exc).__name__, **call.fields(),
-            )
+            return "poisoned"
+        self.log.info(
+            "released_for_retry", status="RELEASED", retry_count=result.retry_count,
+            error=type(exc).__name__, **call.fields(),
+        )
+        return "released"
 
     def poison(self, call: Call, token: int, *, reason: str, error: str | None = None) -> bool:
         now = self.clock()
@@ -612,13 +636,19 @@ class IdempotencyHandler:
             return fn(*args, **kwargs)
         except StoreUnavailableError as exc:
             self.metrics.store_error(self.store.name)
-            self.log.error("store_unavailable", call=name, store=self.store.name, error=exc.message)
+            self.log.error(
+                "store_unavailable", call=name, store=self.store.name, error=exc.message,
+                **_scope_fields(args),
+            )
             raise
         except IdempotencyError:
             raise
         except Exception as exc:
             self.metrics.store_error(self.store.name)
-            self.log.error("store_error", call=name, store=self.store.name, error=repr(exc))
+            self.log.error(
+                "store_error", call=name, store=self.store.name, error=repr(exc),
+                **_scope_fields(args),
+            )
             raise StoreUnavailableError(f"store call {name} failed: {exc!r}") from exc
         finally:
             self.metrics.store_latency(self.store.name, name, time.perf_counter() - started)
@@ -701,6 +731,14 @@ class IdempotencyHandler:
         name = getattr(self.cache, "name", "cache")
         self.metrics.cache_error(name)
         self.log.warning("cache_unavailable", cache=name, call=op, error=repr(exc))
+
+
+def _scope_fields(args: tuple[Any, ...]) -> dict[str, str]:
+    """The scope of a store call, for its error log line (maintenance calls have none)."""
+    if args and isinstance(args[0], Scope):
+        s = args[0]
+        return {"tenant": s.tenant, "operation": s.operation, "key": s.key, "status": "UNKNOWN"}
+    return {}
 
 
 def is_permanent(exc: BaseException, permanent: Permanent) -> bool:

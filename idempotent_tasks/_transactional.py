@@ -60,19 +60,20 @@ def run_in_transaction(
     if not claim.owned:
         replayed: T = claim.replay
         return replayed
-    assert claim.token is not None
-    with handler._running(call, claim):
-        return _run_owned(handler, store, call, claim.token, fn, permanent)
+    return handler.run_claimed(call, claim, fn, permanent, transactional=True)
 
 
-def _run_owned(
+def run_owned_in_transaction(
     handler: IdempotencyHandler,
-    store: TransactionalStore,
     call: Call,
     token: int,
     fn: Callable[[Any], T],
     permanent: Permanent,
 ) -> T:
+    """The body of a scope we own, in one transaction with the conditional SUCCESS."""
+    store = handler.store
+    if not isinstance(store, TransactionalStore):
+        raise call.error(ErrorCode.CONFIGURATION_ERROR, "transactional bodies need a SQLStore")
     try:
         tx_cm = store.body_transaction()
         tx = tx_cm.__enter__()
