@@ -1,0 +1,1 @@
+"""Celery glue; the public names live in :mod:`idempotent_tasks.celery`."""

@@ -1,0 +1,42 @@
+"""The Celery app a crash-test worker *subprocess* runs (``celery -A tests.celery.crash_app``).
+
+Configured from the environment by the test.  The body of ``crash.charge`` writes
+``started-<n>`` (with its pid) before its effect; on its first attempt it then blocks until it
+is killed.  A later attempt appends the effect line to ``effects`` and returns: the test then
+expects exactly one effect (DESIGN.md §2c: kill inside the body *before* the effect).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from celery import Celery
+
+from idempotent_tasks import IdempotencyHandler, SQLStore
+from idempotent_tasks.celery import IdempotentTask, setup
+
+WORKDIR = Path(os.environ["IT_CRASH_DIR"])
+app = Celery(
+    "crash_app", broker=os.environ["IT_CRASH_BROKER"], backend=os.environ["IT_CRASH_BACKEND"]
+)
+app.conf.update(
+    task_default_queue=os.environ["IT_CRASH_QUEUE"],
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+store = SQLStore(os.environ["IT_CRASH_STORE"])
+handler = IdempotencyHandler(store, metrics=None, lease_timeout=float(os.environ["IT_CRASH_LEASE"]))
+setup(app, handler)
+
+
+@app.task(base=IdempotentTask, name="crash.charge", wait_backoff=(0.3, 0.6), shared=False)
+def charge(order: str) -> str:
+    attempt = len(list(WORKDIR.glob("started-*"))) + 1
+    (WORKDIR / f"started-{attempt}").write_text(str(os.getpid()))
+    if attempt == 1:
+        threading.Event().wait(120)  # "mid-task": the test SIGKILLs this process here
+    with (WORKDIR / "effects").open("a") as f:
+        f.write(f"{order}\n")
+    return f"charged {order} on attempt {attempt}"

@@ -1,0 +1,95 @@
+"""A worker SIGKILLed inside the body: redelivery, lease expiry, takeover, one effect.
+
+Real worker subprocesses (solo pool) on RabbitMQ, the SQL store on a shared SQLite file.
+The body signals that it started by writing a file, then blocks; the test kills the worker
+with SIGKILL (no cleanup of any kind runs), starts a fresh worker, and waits for the result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from idempotent_tasks import IdempotencyHandler, SQLStore, Status
+from tests._services import RABBITMQ_URL, REDIS_URL, require
+
+from .conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = 2.0
+
+
+@pytest.fixture
+def crash_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    require("rabbitmq")
+    require("redis")
+    store_url = f"sqlite:///{tmp_path / 'idem.db'}"
+    store = SQLStore(store_url)
+    store.create_schema()
+    store.close()
+    env = {
+        **os.environ,
+        "IT_CRASH_DIR": str(tmp_path),
+        "IT_CRASH_BROKER": RABBITMQ_URL,
+        "IT_CRASH_BACKEND": REDIS_URL,
+        "IT_CRASH_QUEUE": f"it_crash_{uuid.uuid4().hex[:8]}",
+        "IT_CRASH_STORE": store_url,
+        "IT_CRASH_LEASE": str(LEASE),
+        "PYTHONPATH": str(ROOT),
+    }
+    yield env
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "tests.celery.crash_app", "worker",
+        "--pool=solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-Q", env["IT_CRASH_QUEUE"], "--loglevel=INFO", "-n", f"w{uuid.uuid4().hex[:6]}@%h",
+    ]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def test_sigkill_mid_task_is_redelivered_and_taken_over_once(
+    crash_env: dict[str, str], tmp_path: Path
+) -> None:
+    app = Celery("crash_client", broker=RABBITMQ_URL, backend=REDIS_URL, set_as_current=False)
+    app.conf.task_default_queue = crash_env["IT_CRASH_QUEUE"]
+    log = tmp_path / "workers.log"
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        workers.append(start_worker(crash_env, log))
+        k = f"k-{uuid.uuid4()}"
+        result = app.send_task(
+            "crash.charge", args=("o-1",),
+            headers={"idempotency_key": k, "idempotency_tenant": "acme"},
+        )
+        started = tmp_path / "started-1"
+        wait_for(started.exists, timeout=30, what="the first attempt to start")
+        assert int(started.read_text()) == workers[0].pid
+        os.kill(workers[0].pid, signal.SIGKILL)  # mid-task, before the effect
+        workers[0].wait(10)
+        workers.append(start_worker(crash_env, log))  # a fresh worker gets the redelivery
+        value = result.get(timeout=60)
+        assert value == "charged o-1 on attempt 2"
+        assert (tmp_path / "effects").read_text().splitlines() == ["o-1"]
+        store = SQLStore(crash_env["IT_CRASH_STORE"])
+        handler = IdempotencyHandler(store, metrics=None)
+        record = handler.get_record(operation="crash.charge", tenant="acme", key=k)
+        store.close()
+        assert record is not None
+        assert record.status is Status.SUCCESS and record.retry_count == 1
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait(10)
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(crash_env["IT_CRASH_QUEUE"])
