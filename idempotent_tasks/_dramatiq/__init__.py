@@ -1,0 +1,1 @@
+"""Internals of :mod:`idempotent_tasks.dramatiq` (the public names live there)."""
