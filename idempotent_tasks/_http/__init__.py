@@ -1,0 +1,1 @@
+"""Private building blocks of :mod:`idempotent_tasks.http` (routes, capture, ASGI, WSGI)."""
