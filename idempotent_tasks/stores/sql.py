@@ -26,7 +26,9 @@
 * Failures: every driver or pool error becomes
   :class:`~idempotent_tasks.StoreUnavailableError`.  A connection that failed is discarded;
   when it was lost (e.g. PostgreSQL restarted) every idle connection is discarded too, so
-  the next call reconnects without manual steps.
+  the next call reconnects without manual steps.  On PostgreSQL every call has a deadline
+  (``socket_timeout``, default 30 s): a call on a link that went silent has its connection
+  broken by a watchdog thread and fails closed instead of hanging until TCP gives up.
 * Connection string: ``postgresql+psycopg://user:pass@host:5432/db`` (``postgresql://`` means
   psycopg 3 too), ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using psycopg or
   the stdlib sqlite3 driver.  The constructor never connects.
@@ -75,10 +77,14 @@ Schema (PostgreSQL flavour; ``create_schema()`` emits exactly this with the defa
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import re
+import socket
 import textwrap
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +103,8 @@ __all__ = ["DEFAULT_TABLE_PREFIX", "POSTGRESQL_DDL", "SQLStore", "build_metadata
 DEFAULT_TABLE_PREFIX: Final = "idempotency"
 DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 DEFAULT_POOL_SIZE: Final = 10
+#: Seconds a PostgreSQL call may wait for its answer before its connection is broken.
+DEFAULT_SOCKET_TIMEOUT: Final = 30.0
 #: How often ``create`` re-runs its statement when a concurrent insert was not yet visible.
 _CREATE_ATTEMPTS: Final = 50
 _PREFIX_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -752,6 +760,64 @@ class _SQLBodyTransaction:
                 self._transaction.rollback()
 
 
+# -- a deadline for every statement -----------------------------------------------------------
+class _Watchdog:
+    """Breaks a PostgreSQL connection whose call outlived ``timeout`` seconds.
+
+    psycopg has no client-side read timeout for an established connection: on a link that
+    goes silent (a partition, a stuck proxy) a call would block until the kernel gives up,
+    minutes later.  One daemon thread watches the calls in flight; when one passes its
+    deadline it shuts the socket down, the blocked call fails, and the store translates that
+    into ``STORE_UNAVAILABLE`` and discards the connection.  Arming costs a dict write.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._armed: dict[int, tuple[float, Any]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, dbapi: Any) -> int:
+        ident = next(self._ids)
+        self._armed[ident] = (time.monotonic() + self.timeout, dbapi)
+        if self._thread is None:
+            self._start()
+        return ident
+
+    def disarm(self, ident: int) -> bool:
+        """False when the deadline already fired: the connection is broken, drop it."""
+        return self._armed.pop(ident, None) is not None
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="idempotent-tasks-sql-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _watch(self) -> None:
+        tick = min(0.25, self.timeout / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            for ident, (deadline, dbapi) in list(self._armed.items()):
+                if deadline <= now and self._armed.pop(ident, None) is not None:
+                    _break_connection(dbapi)
+
+
+def _break_connection(dbapi: Any) -> None:
+    """Shut the socket down under a blocked psycopg call (it then fails at once)."""
+    with contextlib.suppress(Exception):
+        fd = dbapi.pgconn.socket
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
 # -- the store --------------------------------------------------------------------------------
 class SQLStore:
     """The durable store on PostgreSQL (psycopg 3) or SQLite; see the module docstring."""
@@ -765,6 +831,7 @@ class SQLStore:
         table_prefix: str = DEFAULT_TABLE_PREFIX,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_size: int = DEFAULT_POOL_SIZE,
+        socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
     ) -> None:
         if not isinstance(table_prefix, str) or not _PREFIX_RE.fullmatch(table_prefix):
             raise ConfigurationError(
@@ -794,6 +861,9 @@ class SQLStore:
         self._lost_types: tuple[type[BaseException], ...] = (
             (dbapi.OperationalError, dbapi.InterfaceError) if self._pg else ()
         )
+        if socket_timeout is not None and socket_timeout <= 0:
+            raise ConfigurationError("socket_timeout must be > 0 (or None)")
+        self._watchdog = _Watchdog(socket_timeout) if self._pg and socket_timeout else None
 
     def __repr__(self) -> str:
         url = self._engine.url.render_as_string(hide_password=True)
@@ -824,6 +894,8 @@ class SQLStore:
             raw = raw_pool.acquire()
         except self._errors as exc:
             raise self._unavailable(what, exc) from exc
+        watchdog = self._watchdog
+        armed = watchdog.arm(raw.dbapi) if watchdog is not None else None
         try:
             result = fn(raw.cursor)
         except self._errors as exc:
@@ -832,7 +904,12 @@ class SQLStore:
         except BaseException:
             raw_pool.discard(raw, lost=False)
             raise
-        raw_pool.release(raw)
+        finally:
+            intact = armed is None or watchdog is None or watchdog.disarm(armed)
+        if intact:
+            raw_pool.release(raw)
+        else:  # answered just as the deadline broke the socket
+            raw_pool.discard(raw, lost=False)
         return result
 
     def _is_lost(self, exc: BaseException, raw: _Raw) -> bool:

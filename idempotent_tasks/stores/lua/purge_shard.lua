@@ -4,8 +4,8 @@
 -- dropped.
 -- KEYS: finished index, counter index
 -- ARGV: now, counters_before, record limit, counter limit, key base ("<prefix>:{<shard>}:")
--- A counter whose scope still has a record is re-scored to ``now``: it is looked at again
--- one period later (its own ``ua`` field, not the index score, decides).
+-- A counter whose scope still has a record is re-scored to the earliest cutoff at which it
+-- can go (its own ``ua`` field, not the index score, decides the purge itself).
 -- Reply: {records purged, counters purged}
 local now, before, base = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[5]
 local purged = 0
@@ -34,9 +34,16 @@ for _, m in ipairs(stale) do
   if not ua then
     redis.call('ZREM', KEYS[2], m)
   elseif redis.call('EXISTS', base .. m .. ':r') == 1 then
-    -- its scope still has a record: look again once another full period has passed,
-    -- so that long-lived records never crowd other candidates out of the LIMIT window
-    redis.call('ZADD', KEYS[2], ARGV[1], m)
+    -- Its scope still has a record.  A finished record only goes away through this
+    -- script (or an unpoison/replacement, which reset the counter), so re-score the
+    -- counter to the first cutoff at which it can be purged: once the record expired and
+    -- its last change is older than ttl (ttl = now - counters_before).  Never later, or a
+    -- scope re-created after its record expired could inherit it.  A PROCESSING record
+    -- can be released at any time: its counter keeps its score and is looked at again.
+    local ea = redis.call('HGET', base .. m .. ':r', 'ea')
+    if ea and ea ~= '' then
+      redis.call('ZADD', KEYS[2], math.max(tonumber(ua), tonumber(ea) - (now - before)), m)
+    end
   elseif tonumber(ua) < before then
     redis.call('DEL', ck)
     redis.call('ZREM', KEYS[2], m)
