@@ -103,6 +103,7 @@ __all__ = ["DEFAULT_TABLE_PREFIX", "POSTGRESQL_DDL", "SQLStore", "build_metadata
 DEFAULT_TABLE_PREFIX: Final = "idempotency"
 DEFAULT_CONNECT_TIMEOUT: Final = 5.0
 DEFAULT_POOL_SIZE: Final = 10
+_PG_IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE
 #: Seconds a PostgreSQL call may wait for its answer before its connection is broken.
 DEFAULT_SOCKET_TIMEOUT: Final = 30.0
 #: How often ``create`` re-runs its statement when a concurrent insert was not yet visible.
@@ -1172,7 +1173,12 @@ class SQLStore:
                 conn.exec_driver_sql(
                     "SELECT pg_advisory_xact_lock(hashtext(%(p)s))", {"p": self.table_prefix}
                 )
-            return trans, _always
+                return trans, _always
+            # psycopg opens the server transaction lazily, at the first statement; open it
+            # now, so that a body that sends a raw COMMIT leaves the connection IDLE and is
+            # caught by ``is_intact`` (one extra round trip on the transactional path).
+            conn.exec_driver_sql("SELECT 1")
+            return trans, lambda: dbapi.info.transaction_status != _PG_IDLE
         _sqlite_configure(dbapi, conn.connection.info, self._connect_timeout)
         conn.info["idempotent_tasks_isolation"] = dbapi.isolation_level
         dbapi.isolation_level = None
