@@ -115,6 +115,12 @@ class IdempotentConsumer:
         self.transactional = transactional
         self.require_key = require_key
         self._overrides = (ttl, lease_timeout, max_retries, on_stuck)
+        if any(o is not None for o in self._overrides):
+            # recovery and cleanup (maintenance threads, the CLI) use the same settings
+            handler.register_operation(
+                operation, ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries,
+                on_stuck=on_stuck,
+            )
         self.resolver = Resolver(
             key=key, tenant=tenant, payload=payload, default_tenant=self.default_tenant
         )
