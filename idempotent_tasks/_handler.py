@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from ._context import bound_context
@@ -28,7 +29,7 @@ from ._errors import (
 from ._heartbeat import HeartbeatThread, Lease
 from ._logging import Logger, default_logger
 from ._metrics import Metrics, NoMetrics, default_metrics
-from ._records import IdempotencyContext, Record, Scope, Status, StoredRecord
+from ._records import LazyCountContext, Record, Scope, Status, StoredRecord
 from ._scope import validate_key, validate_operation, validate_tenant
 from ._serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, request_hash
 from .caches.base import Cache
@@ -126,6 +127,8 @@ class Claim:
     token: int | None
     retry_count: int
     replay: Any = None
+    #: False for a fresh claim: the scope's counter was not read (see ``LazyCountContext``).
+    counted: bool = True
 
     @property
     def owned(self) -> bool:
@@ -380,7 +383,7 @@ class IdempotencyHandler:
                 token=token, now=now, lease_expires_at=now + call.options.lease_timeout,
             )
             if result.created:
-                return Claim(token, 0)
+                return Claim(token, 0, counted=False)
             claim = self.decide_duplicate(call, result.record)
             if claim is not None:
                 return claim
@@ -483,10 +486,11 @@ class IdempotencyHandler:
     def _running(self, call: Call, claim: Claim) -> Iterator[None]:
         """Bind the context, and keep the lease alive while the body runs (if configured)."""
         assert claim.token is not None
-        ctx = IdempotencyContext(
+        ctx = LazyCountContext(
             tenant=call.scope.tenant, operation=call.scope.operation, key=call.scope.key,
             request_hash=call.request_hash, outcome="executing", retry_count=claim.retry_count,
             fencing_token=claim.token,
+            load=None if claim.counted else partial(self._read_count, call.scope),
         )
         heartbeat = self._heartbeat
         ident = None
@@ -498,6 +502,13 @@ class IdempotencyHandler:
         finally:
             if ident is not None and heartbeat is not None:
                 heartbeat.unregister(ident)
+
+    def _read_count(self, scope: Scope) -> int:
+        try:
+            count: int = self.store_call("get_retry_count", self.store.get_retry_count, scope)
+        except StoreUnavailableError:
+            return 0  # logged and counted by store_call; the context is informational
+        return count
 
     def _renew(self, lease: Lease) -> bool:
         now = self.clock()

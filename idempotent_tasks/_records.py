@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,3 +103,37 @@ class IdempotencyContext:
     outcome: str
     retry_count: int = 0
     fencing_token: int | None = None
+
+
+class LazyCountContext(IdempotencyContext):
+    """An :class:`IdempotencyContext` whose ``retry_count`` is read from the store on first
+    access.
+
+    A fresh claim does not know the scope's counter (earlier attempts may have been released
+    and counted); reading it on every claim would cost a round trip on the hot path, so it
+    is read only if the body (or an integration) asks.  While the body runs we own the
+    scope, so the counter cannot change under us.
+    """
+
+    __slots__ = ("_load",)
+
+    def __init__(self, *args: Any, load: Callable[[], int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._load = load
+
+    @property
+    def retry_count(self) -> int:
+        load = getattr(self, "_load", None)
+        if load is not None:
+            self._load = None
+            _COUNT_SLOT.__set__(self, load())
+        value: int = _COUNT_SLOT.__get__(self)
+        return value
+
+    @retry_count.setter
+    def retry_count(self, value: int) -> None:
+        _COUNT_SLOT.__set__(self, value)
+        self._load = None
+
+
+_COUNT_SLOT: Any = IdempotencyContext.__dict__["retry_count"]

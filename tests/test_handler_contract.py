@@ -534,3 +534,21 @@ def test_execute_async(handler: IdempotencyHandler) -> None:
 
     assert asyncio.run(main()) == [{"async": 1}, {"async": 1}]
     assert calls == 1
+
+
+def test_context_retry_count_counts_earlier_attempts(handler: IdempotencyHandler) -> None:
+    seen: list[int] = []
+
+    def flaky() -> str:
+        ctx = current_context()
+        assert ctx is not None
+        seen.append(ctx.retry_count)
+        if len(seen) < 3:
+            raise Flaky()
+        return "ok"
+
+    for _ in range(2):
+        with pytest.raises(Flaky):
+            run(handler, flaky)
+    assert run(handler, flaky) == "ok"
+    assert seen == [0, 1, 2]

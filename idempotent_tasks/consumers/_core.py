@@ -200,7 +200,7 @@ class IdempotentConsumer:
         self, call: Call, request: ClaimRequest, result: Any
     ) -> Claim | IdempotencyError | None:
         if result.created:
-            return Claim(request.token, 0)
+            return Claim(request.token, 0, counted=False)
         try:
             return self.handler.decide_duplicate(call, result.record)
         except IdempotencyError as err:
