@@ -7,6 +7,7 @@ Race windows are forced with events: a body blocks until the test saw what it wa
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,3 +422,33 @@ def test_cleanup_task_purges_expired_records(tmp_path: Path, env: Env) -> None:
     wait_for(lambda: h.clock() > record.expires_at)
     assert get(env.app.send_task(CLEANUP_TASK)) >= 1
     assert h.store.get(Scope(TENANT, "t.expiring", k)) is None
+
+
+# ---------------------------------------------------------------------- hostile input
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        ({KEY_HEADER: "k\x00nul", TENANT_HEADER: TENANT}, "INVALID_KEY"),
+        ({KEY_HEADER: "k" * 300, TENANT_HEADER: TENANT}, "INVALID_KEY"),
+        ({KEY_HEADER: "", TENANT_HEADER: TENANT}, "MISSING_KEY"),
+        ({KEY_HEADER: "ok", TENANT_HEADER: "t\x1bansi"}, "INVALID_TENANT"),
+        ({KEY_HEADER: "ok", TENANT_HEADER: "x" * 10_000}, "INVALID_TENANT"),
+        ({KEY_HEADER: "'; DROP TABLE x; --\u202e", TENANT_HEADER: ""}, "MISSING_TENANT"),
+    ],
+)
+def test_malformed_headers_from_raw_producers_fail_without_running(
+    env: Env, headers: dict[str, str], code: str
+) -> None:
+    order = f"o-hostile-{uuid.uuid4().hex[:6]}"
+    result = env.app.send_task("t.charge", args=(order, 1), headers=headers)
+    err = failure(result)
+    assert err.code == code
+    assert env.runs[f"charge:{order}"] == 0
+
+
+def test_unserialisable_arguments_are_refused(env: Env) -> None:
+    order = f"o-nan-{uuid.uuid4().hex[:6]}"
+    err = failure(env.tasks["charge"].apply_async((order, float("nan")), idempotency_key=key(),
+                                                  tenant=TENANT))
+    assert err.code == "INVALID_PAYLOAD"
+    assert env.runs[f"charge:{order}"] == 0

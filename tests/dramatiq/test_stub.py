@@ -357,3 +357,44 @@ def test_maintenance_runs_in_the_worker_and_recovers_a_crashed_claim() -> None:
         assert runner._thread is not None and not runner._thread.is_alive()
     finally:
         close_env(env)
+
+
+@pytest.mark.parametrize(
+    ("options", "code"),
+    [
+        ({"idempotency_key": "k\x00nul", "tenant": "acme"}, "INVALID_KEY"),
+        ({"idempotency_key": "k" * 300, "tenant": "acme"}, "INVALID_KEY"),
+        ({"idempotency_key": "ok", "tenant": "t\x1bansi"}, "INVALID_TENANT"),
+        ({"idempotency_key": "ok", "tenant": "x" * 10_000}, "INVALID_TENANT"),
+        ({"idempotency_key": "'; DROP TABLE x; --\u202e"}, "MISSING_TENANT"),
+    ],
+)
+def test_malformed_options_from_raw_producers_dead_letter_without_running(
+    env: Env, options: dict[str, Any], code: str
+) -> None:
+    runs: list[Any] = []
+
+    @idempotent_actor(**FAST)
+    def charge(order: str) -> None:
+        runs.append(order)
+
+    env.start()
+    message = charge.send_with_options(args=("o-1",), **options)
+    env.join()
+    assert runs == []
+    assert env.dead_letter_ids() == [message.message_id]  # dead-lettered at once, no retries
+    assert [e.message_id for e in env.observer.errors(code)] == [message.message_id]
+
+
+def test_unserialisable_arguments_dead_letter_without_running(env: Env) -> None:
+    runs: list[Any] = []
+
+    @idempotent_actor(**FAST)
+    def charge(amount: float) -> None:
+        runs.append(amount)
+
+    env.start()
+    message = charge.send_with_options(args=(float("inf"),), idempotency_key="k", tenant="acme")
+    env.join()
+    assert runs == [] and env.dead_letter_ids() == [message.message_id]
+    assert [e.message_id for e in env.observer.errors("INVALID_PAYLOAD")] == [message.message_id]
