@@ -46,6 +46,17 @@ class StoredRecord:
     lease_expires_at: float | None
     expires_at: float | None
 
+    @classmethod
+    def claimed(
+        cls, scope: Scope, request_hash: str, token: int, now: float, lease_expires_at: float
+    ) -> StoredRecord:
+        """The record a successful ``create`` writes: PROCESSING, owned by ``token``."""
+        return cls(
+            scope=scope, status=Status.PROCESSING, request_hash=request_hash, response=None,
+            fencing_token=token, created_at=now, updated_at=now,
+            lease_expires_at=lease_expires_at, expires_at=None,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Record:

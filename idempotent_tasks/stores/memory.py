@@ -60,17 +60,7 @@ class MemoryStore:
             if existing.expires_at is None or existing.expires_at > now:
                 return CreateResult(CreateOutcome.DUPLICATE, existing)
             self._counters.pop(scope, None)  # re-created after expiry: a fresh counter
-        record = StoredRecord(
-            scope=scope,
-            status=Status.PROCESSING,
-            request_hash=request_hash,
-            response=None,
-            fencing_token=token,
-            created_at=now,
-            updated_at=now,
-            lease_expires_at=lease_expires_at,
-            expires_at=None,
-        )
+        record = StoredRecord.claimed(scope, request_hash, token, now, lease_expires_at)
         self._records[scope] = record
         return CreateResult(CreateOutcome.CREATED, record)
 

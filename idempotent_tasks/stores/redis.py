@@ -714,9 +714,7 @@ def _claim_result(
     """CREATED is built from our own arguments (nothing to parse); DUPLICATE from the
     record's fields returned by the same script call."""
     if item == 1:
-        record = StoredRecord(
-            scope, Status.PROCESSING, request_hash, None, token, now, now, lease, None
-        )
+        record = StoredRecord.claimed(scope, request_hash, token, now, lease)
         return CreateResult(CreateOutcome.CREATED, record)
     if item == 0:
         raise IdempotencyError(

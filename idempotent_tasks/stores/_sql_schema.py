@@ -1,0 +1,105 @@
+"""SQLStore's schema: SQLAlchemy tables and the check that refuses a mismatched table."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from .._errors import ConfigurationError
+
+DEFAULT_TABLE_PREFIX: Final = "idempotency"
+
+
+def _scope_text() -> sa.types.TypeEngine[str]:
+    # "C" collation on PostgreSQL: byte order (= code point order, like the memory store) and
+    # cheaper comparisons; equality is the same under every deterministic collation.
+    return sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+
+
+def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
+    """The three tables (records, retry counters, maintenance locks) as SQLAlchemy Core."""
+    md = sa.MetaData()
+    sa.Table(
+        f"{prefix}_records",
+        md,
+        sa.Column("tenant", _scope_text(), primary_key=True),
+        sa.Column("operation", _scope_text(), primary_key=True),
+        sa.Column("key", _scope_text(), primary_key=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("request_hash", sa.Text(), nullable=False),
+        sa.Column("response", sa.LargeBinary(), nullable=True),
+        sa.Column("fencing_token", sa.BigInteger(), nullable=False),
+        sa.Column("created_at", sa.Double(), nullable=False),
+        sa.Column("updated_at", sa.Double(), nullable=False),
+        sa.Column("lease_expires_at", sa.Double(), nullable=True),
+        sa.Column("expires_at", sa.Double(), nullable=True),
+        sa.PrimaryKeyConstraint("tenant", "operation", "key", name=f"{prefix}_records_pkey"),
+        sa.CheckConstraint(
+            "status IN ('PROCESSING', 'SUCCESS', 'FAILED')", name=f"{prefix}_records_status_ck"
+        ),
+        sa.Index(f"{prefix}_records_stuck_idx", "status", "lease_expires_at"),
+        sa.Index(f"{prefix}_records_expires_idx", "expires_at"),
+    )
+    sa.Table(
+        f"{prefix}_retry_counters",
+        md,
+        sa.Column("tenant", _scope_text(), primary_key=True),
+        sa.Column("operation", _scope_text(), primary_key=True),
+        sa.Column("key", _scope_text(), primary_key=True),
+        sa.Column("count", sa.Integer(), nullable=False),
+        sa.Column("updated_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint("tenant", "operation", "key", name=f"{prefix}_retry_counters_pkey"),
+        sa.Index(f"{prefix}_retry_counters_updated_idx", "updated_at"),
+    )
+    sa.Table(
+        f"{prefix}_locks",
+        md,
+        sa.Column("name", sa.Text(), primary_key=True),
+        sa.Column("owner", sa.Text(), nullable=False),
+        sa.Column("expires_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=f"{prefix}_locks_pkey"),
+    )
+    return md
+
+
+def _refuse_mismatch(table: sa.Table, inspector: sa.Inspector) -> None:
+    problems = _column_mismatches(table, inspector)
+    if problems:
+        raise ConfigurationError(
+            f"table {table.name!r} exists but does not match the idempotent_tasks schema: "
+            f"{'; '.join(problems)}. Use another table_prefix, or migrate or drop that table."
+        )
+
+
+def _type_family(type_: Any) -> str:
+    """Coarse type class for comparing a reflected column with the expected one."""
+    if isinstance(type_, sa.LargeBinary):
+        return "binary"
+    if isinstance(type_, sa.Integer):
+        return "integer"
+    if isinstance(type_, sa.Float | sa.Numeric):
+        return "float"
+    if isinstance(type_, sa.String):
+        return "text"
+    return type(type_).__name__.lower()
+
+
+def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
+    """Human-readable differences between ``table`` and the same-named table in the database."""
+    found = {c["name"]: _type_family(c["type"]) for c in inspector.get_columns(table.name)}
+    wanted = {c.name: _type_family(c.type) for c in table.columns}
+    problems = [f"missing column {n!r}" for n in wanted if n not in found]
+    problems += [f"unexpected column {n!r}" for n in found if n not in wanted]
+    problems += [
+        f"column {n!r} is {found[n]}, expected {family}"
+        for n, family in wanted.items()
+        if n in found and found[n] != family
+    ]
+    pk = inspector.get_pk_constraint(table.name).get("constrained_columns") or []
+    expected_pk = [c.name for c in table.primary_key.columns]
+    if not problems and sorted(pk) != sorted(expected_pk):
+        problems.append(f"primary key is {pk}, expected {expected_pk}")
+    return problems
+
+
