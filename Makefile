@@ -37,7 +37,7 @@ bench: install
 	$(BIN)/python -m benchmarks
 
 chaos: install
-	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
+	CHAOS_PROFILE=long $(BIN)/pytest -m chaos $(PYTEST_ARGS)
 
 services:
 	bash .ci/services.sh

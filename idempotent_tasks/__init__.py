@@ -26,6 +26,7 @@ from ._errors import (
 )
 from ._handler import IdempotencyHandler
 from ._logging import create_logger_adapter
+from ._maintenance import MaintenanceRunner, MaintenanceSchedule
 from ._metrics import Metrics, NoMetrics, PrometheusMetrics
 from ._records import IdempotencyContext, Record, Status
 from ._serialization import JSONSerializer, Serializer
@@ -71,6 +72,8 @@ __all__ = [
     "InvalidInputError",
     "JSONSerializer",
     "KeyReusedError",
+    "MaintenanceRunner",
+    "MaintenanceSchedule",
     "MemoryCache",
     "MemoryStore",
     "Metrics",

@@ -1,0 +1,132 @@
+"""What every chaos worker process runs: the handler it builds and the ledger bodies.
+
+A body writes exactly one ledger row per *execution* (never per delivery) and returns
+``{"key": key, "token": token}``, the token being unique to that execution and also stored in
+its row, so the harness can tell which execution a stored or replayed result came from.
+
+``transactional`` bodies write the row through the store's transaction (DESIGN.md §2b);
+``plain`` bodies commit it on their own connection before the outcome is written — the window
+in which a crash leaves an effect behind a PROCESSING record.  A few *crash keys* make that
+window certain: the first execution of such a key kills its own worker process group right
+after the ledger write (once per key: a committed marker row decides).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+
+from idempotent_tasks import IdempotencyHandler, RedisCache, SQLStore
+
+TENANT = "chaos"
+OPERATIONS = {"transactional": "chaos.tx", "plain": "chaos.plain"}
+CONFIG_ENV = "CHAOS_WORKER_CONFIG"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process needs, passed as JSON in ``CHAOS_WORKER_CONFIG``."""
+
+    store_url: str
+    dsn: str
+    prefix: str
+    ledger: str
+    crash_table: str
+    cache_url: str
+    lease: float
+    heartbeat: float
+    max_retries: int
+    crash_keys: list[str] = field(default_factory=list)
+    broker_url: str = ""
+    queue: str = ""
+    result_url: str = ""
+    result_namespace: str = ""
+    kafka: dict[str, Any] = field(default_factory=dict)
+    topics: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, str] = field(default_factory=dict)
+    outcomes_dir: str = ""
+
+    def to_env(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        return cls(**json.loads(os.environ[CONFIG_ENV]))
+
+
+def make_handler(cfg: WorkerConfig) -> IdempotencyHandler:
+    """The handler every worker uses: SQLStore on PostgreSQL, RedisCache on a private Redis,
+    short leases with heartbeats, and a retry budget that faults alone cannot exhaust."""
+    return IdempotencyHandler(
+        SQLStore(cfg.store_url, table_prefix=cfg.prefix),
+        RedisCache(cfg.cache_url, prefix=cfg.prefix),
+        lease_timeout=cfg.lease,
+        heartbeat_interval=cfg.heartbeat,
+        max_retries=cfg.max_retries,
+        metrics=None,
+    )
+
+
+class LedgerWriter:
+    """One INSERT per execution; crash keys die once right after their effect."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.crash_keys = frozenset(cfg.crash_keys)
+        self._local = threading.local()
+        self._insert = (
+            f"INSERT INTO {cfg.ledger} (profile, key, token, pid) VALUES (%s, %s, %s, %s)"
+        )
+        self._insert_tx = sa.text(
+            f"INSERT INTO {cfg.ledger} (profile, key, token, pid) "
+            "VALUES (:profile, :key, :token, :pid)"
+        )
+        self._mark = (
+            f"INSERT INTO {cfg.crash_table} (key, pid) VALUES (%s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING key"
+        )
+
+    def plain(self, key: str) -> dict[str, str]:
+        """The effect commits on its own connection, before the outcome is written."""
+        token = uuid.uuid4().hex
+        self._execute(self._insert, ("plain", key, token, os.getpid()))
+        self._maybe_crash(key)
+        return {"key": key, "token": token}
+
+    def transactional(self, conn: Any, key: str) -> dict[str, str]:
+        """The effect is written in the transaction that also records SUCCESS (§2b)."""
+        token = uuid.uuid4().hex
+        conn.execute(
+            self._insert_tx,
+            {"profile": "transactional", "key": key, "token": token, "pid": os.getpid()},
+        )
+        self._maybe_crash(key)
+        return {"key": key, "token": token}
+
+    def _maybe_crash(self, key: str) -> None:
+        if key in self.crash_keys and self._execute(self._mark, (key, os.getpid())):
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the whole worker, after the effect
+
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> bool:
+        """Run one autocommit statement; True when it returned a row."""
+        conn = getattr(self._local, "conn", None)
+        try:
+            if conn is None:
+                conn = self._local.conn = psycopg.connect(
+                    self.cfg.dsn, autocommit=True, connect_timeout=3
+                )
+            cur = conn.execute(sql, params)
+            return cur.description is not None and cur.fetchone() is not None
+        except psycopg.Error:
+            self._local.conn = None  # reconnect next time (e.g. PostgreSQL restarted)
+            if conn is not None:
+                conn.close()
+            raise

@@ -1,0 +1,98 @@
+"""Fixtures of the chaos suite: a fresh store, ledger and private Redis per run, a RabbitMQ
+vhost per run, the session's Tansu broker; PostgreSQL is always left running."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotent_tasks import IdempotencyHandler, SQLStore
+from tests._services import IN_CI, POSTGRES_URL, require
+from tests.consumers.conftest import kafka_bootstrap  # noqa: F401  (the session's Tansu)
+
+from ._body import WorkerConfig
+from ._faults import PrivateRedis, RabbitVhost, ensure_postgres
+from ._harness import ChaosEnv, make_keys
+from ._integrations import new_run_id
+from ._ledger import DSN, Ledger
+from ._profile import current_profile
+from ._verdict import SUMMARIES, format_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = 3.0
+HEARTBEAT = 1.0
+MAX_RETRIES = 50  # faults (PostgreSQL down, crashes) count attempts; none may poison a key
+
+
+def _require_binary(name: str) -> None:
+    if shutil.which(name) is None:
+        message = f"{name} is not installed"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def chaos_env(tmp_path: Path) -> Iterator[ChaosEnv]:
+    require("postgres")
+    for binary in ("redis-server", "pg_ctlcluster", "pg_isready"):
+        _require_binary(binary)
+    profile = current_profile()
+    seed = int(os.environ.get("CHAOS_SEED", random.randrange(1 << 30)))
+    print(f"chaos seed: CHAOS_SEED={seed}")
+    rng = random.Random(seed)
+    run_id = new_run_id()
+    prefix = f"chaos_{run_id}"
+    store = SQLStore(POSTGRES_URL, table_prefix=prefix)
+    store.create_schema()
+    ledger = Ledger(run_id, prefix)
+    ledger.create()
+    cache = PrivateRedis(tmp_path)
+    cache.start()
+    keys = make_keys(profile, rng)
+    crash_keys = {p: rng.sample(k, profile.crash_keys) for p, k in keys.items()}
+    config = WorkerConfig(
+        store_url=POSTGRES_URL, dsn=DSN, prefix=prefix, ledger=ledger.table,
+        crash_table=ledger.crash_table, cache_url=cache.url, lease=LEASE, heartbeat=HEARTBEAT,
+        max_retries=MAX_RETRIES, crash_keys=[k for ks in crash_keys.values() for k in ks],
+    )
+    handler = IdempotencyHandler(store, metrics=None, lease_timeout=LEASE,
+                                 max_retries=MAX_RETRIES)
+    env = ChaosEnv(profile, run_id, tmp_path, ROOT, ledger, handler, config, cache, rng,
+                   crash_keys, keys)
+    try:
+        yield env
+    finally:
+        cache.stop()
+        ensure_postgres()
+        ledger.drop()
+        store.drop_schema()
+        store.close()
+
+
+@pytest.fixture
+def rabbit_vhost() -> Iterator[RabbitVhost]:
+    require("rabbitmq")
+    require("redis")  # the result backends
+    _require_binary("rabbitmqctl")
+    vhost = RabbitVhost(f"chaos-{new_run_id()}")
+    vhost.create()
+    try:
+        yield vhost
+    finally:
+        vhost.delete()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not SUMMARIES:
+        return
+    terminalreporter.section("chaos summary")
+    for summary in SUMMARIES:
+        terminalreporter.write_line(format_summary(summary))
+        terminalreporter.write_line("")

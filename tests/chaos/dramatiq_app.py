@@ -1,0 +1,46 @@
+"""The Dramatiq app chaos worker subprocesses run (``dramatiq tests.chaos.dramatiq_app``).
+
+RabbitMQ broker, the idempotency middleware (in-worker recovery every 2 s) and Dramatiq's
+``Results`` on the shared Redis under a per-run namespace, so every delivery's result — fresh
+or replayed — can be read back by the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.results import Results
+from dramatiq.results.backends import RedisBackend
+
+from idempotent_tasks.dramatiq import IdempotencyMiddleware, current_connection, idempotent_actor
+
+from ._body import OPERATIONS, LedgerWriter, WorkerConfig, make_handler
+
+cfg = WorkerConfig.from_env()
+handler = make_handler(cfg)
+broker = RabbitmqBroker(url=cfg.broker_url)
+broker.add_middleware(IdempotencyMiddleware(handler, recover_every=2.0, cleanup_every=600.0))
+broker.add_middleware(
+    Results(  # type: ignore[no-untyped-call]
+        backend=RedisBackend(url=cfg.result_url, namespace=cfg.result_namespace)
+    )
+)
+dramatiq.set_broker(broker)
+ledger = LedgerWriter(cfg)
+FAST: dict[str, Any] = {
+    "queue_name": cfg.queue, "min_backoff": 200, "max_backoff": 1000, "store_results": True,
+}
+
+
+@idempotent_actor(
+    actor_name="chaos_tx", operation=OPERATIONS["transactional"], transactional=True, **FAST
+)
+def chaos_tx(key: str) -> dict[str, str]:
+    return ledger.transactional(current_connection(), key)
+
+
+@idempotent_actor(actor_name="chaos_plain", operation=OPERATIONS["plain"], **FAST)
+def chaos_plain(key: str) -> dict[str, str]:
+    return ledger.plain(key)
