@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from celery.exceptions import Reject
 from celery.utils.time import get_exponential_backoff_interval
 
 from .._errors import ErrorCode, IdempotencyError, StoreUnavailableError
@@ -76,8 +77,7 @@ def wait_retry(task: IdempotentTask, exc: IdempotencyError) -> NoReturn:
         "celery_wait_retry", code=exc.code.value, countdown=countdown, operation=task.name,
         tenant=exc.tenant, key=exc.key, task_id=task.request.id,
     )
-    task.retry(exc=exc, countdown=countdown)
-    raise AssertionError("Task.retry returned")  # pragma: no cover - retry always raises
+    publish_retry(task, exc=exc, countdown=countdown)
 
 
 def wait_countdown(task: IdempotentTask) -> float:
@@ -154,7 +154,27 @@ def transient_retry(delivery: Delivery, exc: BaseException, count: int) -> NoRet
         "celery_transient_retry", retry_count=count, countdown=options.get("countdown"),
         error=type(exc).__name__, **delivery.fields(),
     )
-    task.retry(exc=retry_exc, **options)
+    publish_retry(task, exc=retry_exc, **options)
+
+
+def publish_retry(task: IdempotentTask, **options: Any) -> NoReturn:
+    """``task.retry``, but never losing the message.
+
+    When publishing the retry fails (the broker connection dropped), Celery's ``retry``
+    raises ``Reject(requeue=False)``: with ``acks_late`` the original message would then be
+    dropped, and a released scope would have nothing left to redeliver it.  Requeue the
+    original instead: it comes back and is decided again (a replay, a wait, or a run).
+    """
+    try:
+        task.retry(**options)
+    except Reject as rejected:
+        if rejected.requeue:
+            raise
+        _log(task).warning(
+            "celery_retry_not_published", operation=task.name, task_id=task.request.id,
+            error=repr(rejected.reason),
+        )
+        raise Reject(rejected.reason, requeue=True) from rejected
     raise AssertionError("Task.retry returned")  # pragma: no cover - retry always raises
 
 

@@ -235,6 +235,31 @@ def test_transient_failures_are_retried_then_succeed(env: Env) -> None:
     assert record.status is Status.SUCCESS and record.retry_count == 2
 
 
+def test_retry_that_cannot_be_published_requeues_the_message(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery rejects the message *without* requeue when publishing a retry fails; the
+    integration requeues it instead, so a released scope is never left without a message."""
+    flaky, k = env.tasks["flaky"], key()
+    task_type = type(flaky._get_current_object())
+    original = task_type.apply_async
+    failed: list[str] = []
+
+    def broker_down_once(self: Any, *args: Any, **options: Any) -> Any:
+        if options.get("retries") and not failed:  # the retry's publish, once
+            failed.append("retry publish")
+            raise ConnectionError("broker connection lost while publishing the retry")
+        return original(self, *args, **options)
+
+    monkeypatch.setattr(task_type, "apply_async", broker_down_once)
+    assert get(flaky.apply_async(("unpublished", 2), idempotency_key=k, tenant=TENANT)) == (
+        "ok after 2"
+    )
+    assert failed == ["retry publish"]
+    assert env.runs["flaky:unpublished"] == 2  # the requeued original ran again, once
+    assert env.record(flaky, k).retry_count == 1
+
+
 def test_poisoned_after_the_stores_max_retries_not_celerys(env: Env) -> None:
     # max_retries=5 on the task: more runs than Celery's own default limit (3 retries) allows.
     flaky, k = env.tasks["flaky"], key()
