@@ -655,7 +655,7 @@ def test_the_model_catches_a_broken_store(broken: type[MemoryStore]) -> None:
     """The harness itself can fail: deliberately broken stores are caught (derandomized, so
     this is deterministic)."""
     machine = type(f"Broken_{broken.__name__}", (StoreMachine,), {"store": broken()})
-    strict = settings(SETTINGS, max_examples=200, derandomize=True, database=None,
+    strict = settings(SETTINGS, max_examples=1000, derandomize=True, database=None,
                       phases=[Phase.generate], print_blob=False)
     with pytest.raises((AssertionError, BaseExceptionGroup)):
         run_state_machine_as_test(machine, settings=strict)
