@@ -1,121 +1,168 @@
-"""``python -m benchmarks [--n N] [--stores a,b] [--json PATH]``: figures and ratios."""
+"""``python -m benchmarks [--quick] [--only core,peers,...] [--n N] [--json PATH]``.
+
+Sections (default: all but ``scaling``, which takes longer and runs only when named):
+core, peers, hotspots, e2e, consumers, batch, memory, scaling.  Every comparison is measured
+in this one run, interleaved; ratios are the headline, absolute times secondary.  The
+targets are checked from the same run and printed as PASS/FAIL.  JSON goes to
+``benchmarks/results/latest.json`` (git-ignored).
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
 import platform
+import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from .core import measure_floor, measure_store
+from . import _services
+from .report import print_section, targets
 
-STORES = ["memory", "sqlite", "postgresql", "redis"]
-
-
-def _ratio(value: float | None, floor: float | None) -> str:
-    if value is None or not floor:
-        return "-"
-    return f"{value / floor:.2f}x"
+SECTIONS = ["core", "peers", "hotspots", "e2e", "consumers", "batch", "memory", "scaling"]
+DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scaling"]
 
 
-def run_core(stores: list[str], n: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for kind in stores:
-        floor = measure_floor(kind, n)
-        ours = measure_store(kind, n)
-        results[kind] = {"floor": floor, "ours": ours}
-    return results
+@dataclass(frozen=True)
+class Params:
+    n: int
+    e2e_n: int
+    e2e_rounds: int
+    consumers_n: int
+    batch_scopes: int
+    batch_rounds: int
+    memory_sizes: dict[str, int]
+    scaling_sizes: list[int]
+    scaling_ops: int
+    concurrency_s: float
+    cleanup_n: int
 
 
-def print_core(results: dict[str, Any], console: Console) -> None:
-    table = Table(title="execute() per message, µs (median of 5 batches); ratio to the raw floor")
-    for col in ("store", "measure", "ours µs", "floor µs", "ratio"):
-        table.add_column(col, justify="right" if col != "measure" else "left")
-    for kind, r in results.items():
-        floor, ours = r["floor"], r["ours"]
-        pairs = {
-            "first delivery": floor.get("claim+complete"),
-            "replay (store)": floor.get("claim-or-get"),
-            "replay (local cache)": None,
-            "in-progress rejection": floor.get("claim-or-get"),
-        }
-        for measure, value in ours.items():
-            f = pairs.get(measure)
-            table.add_row(
-                kind, measure, f"{value:.1f}", "-" if f is None else f"{f:.1f}", _ratio(value, f)
-            )
-    console.print(table)
+QUICK = Params(
+    n=300, e2e_n=300, e2e_rounds=3, consumers_n=300, batch_scopes=2000, batch_rounds=3,
+    memory_sizes={"memory": 10_000, "sqlite": 10_000, "postgresql": 10_000, "redis": 10_000,
+                  "redis (hash-max-listpack-value 256)": 10_000},
+    scaling_sizes=[10_000, 100_000], scaling_ops=200, concurrency_s=1.0, cleanup_n=10_000,
+)
+FULL = Params(
+    n=2000, e2e_n=2000, e2e_rounds=5, consumers_n=2000, batch_scopes=20_000, batch_rounds=5,
+    memory_sizes={"memory": 100_000, "sqlite": 200_000, "postgresql": 1_000_000,
+                  "redis": 1_000_000, "redis (hash-max-listpack-value 256)": 1_000_000},
+    scaling_sizes=[10_000, 100_000, 1_000_000], scaling_ops=1000, concurrency_s=3.0,
+    cleanup_n=100_000,
+)
 
 
-def run_peers(n: int) -> dict[str, Any]:
-    from . import peers
+def _section_runners(p: Params, stores: list[str]) -> dict[str, Callable[[], Any]]:
+    from . import batch, consumers, core, e2e, hotspots, memory, peers, scaling
 
-    out: dict[str, Any] = {}
-    for name, fn in (
-        ("powertools (redis)", peers.powertools),
-        ("celery-once (redis)", peers.celery_once),
-    ):
-        try:
-            out[name] = fn(n)
-        except ImportError as exc:
-            out[name] = {"error": f"not installed ({exc.name}); pip install -e '.[bench]'"}
-    return out
-
-
-def print_peers(peer: dict[str, Any], core: dict[str, Any], console: Console) -> None:
-    ours = core.get("redis", {}).get("ours", {})
-    table = Table(title="Peers on the same Redis, µs per call; ratio = ours / peer (< 1 is faster)")
-    for col in ("peer", "measure", "peer µs", "ours µs (redis)", "ratio"):
-        table.add_column(col, justify="left" if col in ("peer", "measure") else "right")
-    mapping = {
-        "first delivery": "first delivery",
-        "replay": "replay (store)",
-        "replay (local cache)": "replay (local cache)",
-        "lock (first delivery)": "first delivery",
+    networked = [s for s in stores if s in ("postgresql", "redis")]
+    return {
+        "core": lambda: core.run(stores, p.n),
+        "peers": lambda: peers.run(p.n),
+        "hotspots": lambda: hotspots.run(p.n, p.e2e_n, p.e2e_rounds),
+        "e2e": lambda: e2e.run(p.e2e_n, p.e2e_rounds, networked),
+        "consumers": lambda: consumers.run(p.consumers_n),
+        "batch": lambda: batch.run(p.batch_scopes, p.batch_rounds,
+                                   [s for s in stores if s != "memory"]),
+        "memory": lambda: memory.run(p.memory_sizes),
+        "scaling": lambda: scaling.run(p.scaling_sizes, p.scaling_ops, p.concurrency_s,
+                                       p.cleanup_n, [s for s in stores if s != "memory"]),
     }
-    for name, rows in peer.items():
-        if "error" in rows:
-            table.add_row(name, rows["error"], "-", "-", "-")
-            continue
-        for measure, value in rows.items():
-            mine = ours.get(mapping.get(measure, ""))
-            table.add_row(
-                name, measure, f"{value:.1f}", "-" if mine is None else f"{mine:.1f}",
-                _ratio(mine, value),
-            )
-    console.print(table)
+
+
+def _git() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "idempotent_tasks"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in idempotent_tasks/" if dirty else "")
+
+
+def _header(args: argparse.Namespace, sections: list[str]) -> dict[str, Any]:
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks " + " ".join(args.argv),
+        "machine": f"{platform.platform()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "git": _git(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "mode": "quick" if args.quick else "full",
+        "sections": sections,
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small n: a smoke run (~2 min)")
+    parser.add_argument("--only", default=",".join(DEFAULT_SECTIONS),
+                        help=f"comma-separated sections among {','.join(SECTIONS)}")
+    parser.add_argument("--n", type=int, default=None, help="operations per contender (core, "
+                        "peers, hotspots)")
+    parser.add_argument("--stores", default="memory,sqlite,postgresql,redis")
+    parser.add_argument("--scaling-max", type=int, default=None,
+                        help="largest PostgreSQL table in the scaling section (e.g. 10000000)")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/latest.json"))
+    args = parser.parse_args(argv)
+    args.argv = argv if argv is not None else os.sys.argv[1:]
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    return args
+
+
+def _params(args: argparse.Namespace) -> Params:
+    p = QUICK if args.quick else FULL
+    changes: dict[str, Any] = {}
+    if args.n is not None:
+        changes["n"] = args.n
+    if args.scaling_max is not None:
+        sizes = [s for s in (10_000, 100_000, 1_000_000, 10_000_000) if s <= args.scaling_max]
+        changes["scaling_sizes"] = sizes
+    return Params(**{**p.__dict__, **changes})
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--n", type=int, default=2000, help="operations per batch")
-    parser.add_argument("--stores", default=",".join(STORES))
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/latest.json"))
-    parser.add_argument("--no-peers", action="store_true", help="skip Powertools / celery-once")
-    args = parser.parse_args(argv)
-    console = Console()
-    started = time.time()
-    core = run_core([s for s in args.stores.split(",") if s], args.n)
-    print_core(core, console)
-    peer = {} if args.no_peers else run_peers(args.n)
-    if peer:
-        print_peers(peer, core, console)
-    report = {
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "started": started,
-        "n": args.n,
-        "core": core,
-        "peers": peer,
-    }
+    args = parse(argv)
+    console = Console(width=120)
+    sections = [s for s in SECTIONS if s in args.only.split(",")]
+    stores = [s for s in args.stores.split(",") if s]
+    report: dict[str, Any] = _header(args, sections)
+    console.print(f"[bold]{report['command']}[/] — {report['date']} — {report['machine']}, "
+                  f"Python {report['python']}, git {report['git']}, "
+                  f"load {report['load_average_at_start']}")
+    runners = _section_runners(_params(args), stores)
+    for name in sections:
+        started = time.perf_counter()
+        try:
+            report[name] = _services.retry_once(name, runners[name])
+        except Exception as exc:  # one failed section must not hide the others
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            _services.NOISE.append(f"{name}: failed: {report[name]['error']}")
+        report.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 1)
+        print_section(name, report[name], report, console)
+    report["targets"] = [t for t in targets(report) if t["result"] != "NOT RUN"]
+    if report["targets"]:
+        print_section("targets", report["targets"], report, console)
+    _services.drop_leftovers()
+    report["noise"] = list(_services.NOISE)
+    for line in report["noise"]:
+        console.print(f"[yellow]note:[/] {line}")
+    if _services.LEFTOVERS:
+        console.print(f"[red]could not drop:[/] {_services.LEFTOVERS}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
-    console.print(f"JSON written to {args.json}")
+    args.json.write_text(json.dumps(report, indent=2, default=str))
+    console.print(f"JSON written to {args.json}; sections took {report['seconds']} s")
     return 0
 
 

@@ -1,4 +1,11 @@
-"""``execute()`` against each store, beside the raw floor measured in the same run."""
+"""``execute()`` against each store, interleaved with the raw floor in the same run.
+
+For every store: first delivery (claim + trivial body + complete), replay from the store
+(a DUPLICATE of a SUCCESS record, read in the claim's own round trip), replay from a local
+``MemoryCache`` (no store round trip), and the in-progress rejection (a DUPLICATE of a
+PROCESSING record with a live lease).  Floor and ours alternate in batches of 25; the ratio
+is the median of the paired per-batch ratios.
+"""
 
 from __future__ import annotations
 
@@ -19,92 +26,140 @@ from idempotent_tasks import (
 )
 from idempotent_tasks.stores.base import Store
 
-from ._timing import per_op_us
-from .floors import pg_floor, redis_floor, sqlite_floor
+from ._services import POSTGRES_URL, REDIS_URL, drop_store
+from ._timing import Op, interleave
+from .floors import floor_ops
 
-POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-REDIS_URL = "redis://127.0.0.1:6379/0"
+STORES = ["memory", "sqlite", "postgresql", "redis"]
+PAYLOAD = {"amount": 100}
 
 
 @contextlib.contextmanager
-def open_store(kind: str, workdir: Path) -> Iterator[Store]:
+def open_store(kind: str, workdir: Path, prefix: str | None = None) -> Iterator[Any]:
+    """A fresh store of ``kind`` with a unique table prefix / key prefix, dropped after."""
     store: Any
+    tag = prefix or f"bench_{uuid.uuid4().hex[:8]}"
     if kind == "memory":
         store = MemoryStore()
     elif kind == "sqlite":
         from idempotent_tasks import SQLStore
 
-        store = SQLStore(f"sqlite:///{workdir / 'bench.db'}")
+        store = SQLStore(f"sqlite:///{workdir / f'{tag}.db'}")
     elif kind == "postgresql":
         from idempotent_tasks import SQLStore
 
-        store = SQLStore(POSTGRES_URL, table_prefix=f"bench_{uuid.uuid4().hex[:8]}")
+        store = SQLStore(POSTGRES_URL, table_prefix=tag)
     elif kind == "redis":
         from idempotent_tasks import RedisStore
 
-        store = RedisStore(REDIS_URL, prefix=f"bench:{uuid.uuid4().hex[:8]}")
+        tag = tag.replace("_", ":")
+        store = RedisStore(REDIS_URL, prefix=tag)
     else:
         raise ValueError(kind)
-    store.create_schema()
     try:
+        store.create_schema()
         yield store
     finally:
-        drop = getattr(store, "drop_schema", None)
-        if drop is not None:
-            drop()
-        store.close()
+        drop_store(store, kind, tag)
 
 
-def _handler(store: Store, cache: Any = None) -> IdempotencyHandler:
+def make_handler(store: Store, cache: Any = None) -> IdempotencyHandler:
+    """The handler as a user would build it: Prometheus metrics on, default logger."""
     from prometheus_client import CollectorRegistry
 
     return IdempotencyHandler(store, cache, metrics=PrometheusMetrics(CollectorRegistry()))
 
 
-def measure_store(kind: str, n: int) -> dict[str, float]:
-    """µs per op for: first delivery, replay (store), replay (local cache), in-progress."""
-    with tempfile.TemporaryDirectory() as tmp, open_store(kind, Path(tmp)) as store:
-        h = _handler(store)
-        body = lambda: {"ok": True}  # noqa: E731 - the cheapest body
-        payload = {"amount": 100}
-
-        def first(i: int) -> None:
-            h.execute(body, operation="bench", tenant="t", key=f"first-{i}", payload=payload)
-
-        def replay(_: int) -> None:
-            h.execute(body, operation="bench", tenant="t", key="first-0", payload=payload)
-
-        cached = _handler(store, MemoryCache())
-        cached.execute(body, operation="bench", tenant="t", key="first-0", payload=payload)
-
-        def replay_cached(_: int) -> None:
-            cached.execute(body, operation="bench", tenant="t", key="first-0", payload=payload)
-
-        call = h.prepare("bench", "t", "busy", payload, True)
-        assert call is not None
-        h.claim(call)
-
-        def in_progress(_: int) -> None:
-            try:
-                h.execute(body, operation="bench", tenant="t", key="busy", payload=payload)
-            except IdempotencyError as exc:
-                assert exc.code == ErrorCode.REQUEST_IN_PROGRESS
-
-        return {
-            "first delivery": per_op_us(first, n),
-            "replay (store)": per_op_us(replay, n),
-            "replay (local cache)": per_op_us(replay_cached, n),
-            "in-progress rejection": per_op_us(in_progress, n),
-        }
+def _body() -> dict[str, bool]:
+    return {"ok": True}
 
 
-def measure_floor(kind: str, n: int) -> dict[str, float]:
-    if kind == "postgresql":
-        return pg_floor(POSTGRES_DSN, n)
-    if kind == "redis":
-        return redis_floor(REDIS_URL, n)
-    if kind == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            return sqlite_floor(Path(tmp) / "floor.db", n)
-    return {}
+def ours_ops(store: Store) -> dict[str, Op]:
+    """first delivery, replay (store), replay (local cache), in-progress rejection."""
+    h = make_handler(store)
+    tag = uuid.uuid4().hex[:6]
+
+    def first(i: int) -> None:
+        h.execute(_body, operation="bench", tenant="t", key=f"{tag}-{i}", payload=PAYLOAD)
+
+    h.execute(_body, operation="bench", tenant="t", key=f"{tag}-done", payload=PAYLOAD)
+
+    def replay(_: int) -> None:
+        h.execute(_body, operation="bench", tenant="t", key=f"{tag}-done", payload=PAYLOAD)
+
+    cached = make_handler(store, MemoryCache())
+    cached.execute(_body, operation="bench", tenant="t", key=f"{tag}-done", payload=PAYLOAD)
+
+    def replay_cached(_: int) -> None:
+        cached.execute(_body, operation="bench", tenant="t", key=f"{tag}-done", payload=PAYLOAD)
+
+    call = h.prepare("bench", "t", f"{tag}-busy", PAYLOAD, True)
+    assert call is not None
+    h.claim(call)
+
+    def in_progress(_: int) -> None:
+        try:
+            h.execute(_body, operation="bench", tenant="t", key=f"{tag}-busy", payload=PAYLOAD)
+        except IdempotencyError as exc:
+            assert exc.code == ErrorCode.REQUEST_IN_PROGRESS
+        else:
+            raise AssertionError("a live PROCESSING record must be refused")
+
+    return {
+        "first delivery": first,
+        "replay (store)": replay,
+        "replay (local cache)": replay_cached,
+        "in-progress rejection": in_progress,
+    }
+
+
+def measure_kind(kind: str, n: int) -> dict[str, Any]:
+    """Ours and the floor for one store, interleaved; medians and paired ratios."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_store(kind, Path(tmp)) as store,
+        floor_ops(kind, Path(tmp), POSTGRES_URL, REDIS_URL) as floor,
+    ):
+        ours = ours_ops(store)
+        rows: dict[str, Any] = {}
+        if floor:
+            first = interleave(
+                {"floor": floor["claim+complete"], "ours": ours["first delivery"]}, n
+            )
+            rows["first delivery"] = _row(first, "claim+complete")
+            dup = interleave(
+                {
+                    "floor": floor["claim-or-get"],
+                    "ours": ours["replay (store)"],
+                    "in-progress": ours["in-progress rejection"],
+                },
+                n,
+            )
+            rows["replay (store)"] = _row(dup, "claim-or-get")
+            rows["in-progress rejection"] = _row(dup, "claim-or-get", "in-progress")
+        else:
+            first = interleave({"ours": ours["first delivery"]}, n)
+            rows["first delivery"] = {"ours": first.median("ours")}
+            dup = interleave(
+                {"ours": ours["replay (store)"], "in-progress": ours["in-progress rejection"]}, n
+            )
+            rows["replay (store)"] = {"ours": dup.median("ours")}
+            rows["in-progress rejection"] = {"ours": dup.median("in-progress")}
+        cached = interleave({"ours": ours["replay (local cache)"]}, n)
+        rows["replay (local cache)"] = {"ours": cached.median("ours")}
+        return rows
+
+
+def _row(result: Any, floor_name: str, ours: str = "ours") -> dict[str, Any]:
+    return {
+        "ours": round(result.median(ours), 2),
+        "floor": round(result.median("floor"), 2),
+        "floor_name": floor_name,
+        "ratio": round(result.ratio(ours, "floor"), 3),
+    }
+
+
+def run(stores: list[str], n: int) -> dict[str, Any]:
+    from ._services import retry_once
+
+    return {kind: retry_once(f"core/{kind}", lambda k=kind: measure_kind(k, n)) for kind in stores}

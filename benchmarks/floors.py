@@ -2,78 +2,91 @@
 
 * PostgreSQL: psycopg 3 autocommit ``INSERT … ON CONFLICT DO NOTHING RETURNING`` + a
   conditional ``UPDATE`` (claim + complete), and the one-statement claim-or-get
-  ``WITH ins AS (INSERT …) SELECT …`` on an existing key (replay).
+  ``WITH ins AS (INSERT … ON CONFLICT DO NOTHING RETURNING …) SELECT …`` on an existing key
+  (replay).  They run on a table created by the library's own ``SQLStore.create_schema`` (same
+  columns, collation and indexes), so the only difference left is the library.
 * Redis: one EVALSHA claim-or-get (``SET NX`` or ``GET``) + one ``SET XX`` (claim + complete),
   and the EVALSHA claim-or-get alone on an existing key (replay).
 * SQLite: the same pair as PostgreSQL on a WAL file with ``synchronous=NORMAL``.
+
+Each ``*_floor_ops`` context manager yields per-op callables ``fn(i)`` (``i`` a fresh index)
+that the runner interleaves with the library's own operations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._timing import per_op_us
+from ._timing import Op
 
-_PG_DDL = """
-CREATE TABLE IF NOT EXISTS {t} (
-  tenant TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL,
-  status TEXT NOT NULL, request_hash TEXT NOT NULL, response BYTEA,
-  fencing_token BIGINT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-  updated_at DOUBLE PRECISION NOT NULL, lease_expires_at DOUBLE PRECISION,
-  expires_at DOUBLE PRECISION, PRIMARY KEY (tenant, operation, key))
-"""
 _HASH = "a" * 64
+_RESPONSE = b'{"ok":true}'
+
+_INSERT = (
+    "INSERT INTO {t} (tenant, operation, key, status, request_hash, "
+    "fencing_token, created_at, updated_at, lease_expires_at) "
+    "VALUES ({p}, {p}, {p}, 'PROCESSING', {p}, {p}, {p}, {p}, {p}) "
+    "ON CONFLICT DO NOTHING RETURNING fencing_token"
+)
+_UPDATE = (
+    "UPDATE {t} SET status = 'SUCCESS', response = {p}, updated_at = {p}, "
+    "expires_at = {p}, lease_expires_at = NULL WHERE tenant = {p} AND operation = {p} "
+    "AND key = {p} AND status = 'PROCESSING' AND fencing_token = {p}"
+)
+_CLAIM_OR_GET = (
+    "WITH ins AS (INSERT INTO {t} (tenant, operation, key, status, "
+    "request_hash, fencing_token, created_at, updated_at, lease_expires_at) "
+    "VALUES (%s, %s, %s, 'PROCESSING', %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING "
+    "RETURNING status, request_hash, response, fencing_token) "
+    "SELECT * FROM ins UNION ALL SELECT status, request_hash, response, "
+    "fencing_token FROM {t} WHERE tenant = %s AND operation = %s AND key = %s "
+    "AND NOT EXISTS (SELECT 1 FROM ins)"
+)
 
 
-def pg_floor(dsn: str, n: int) -> dict[str, float]:
+@contextlib.contextmanager
+def pg_floor_ops(url: str) -> Iterator[dict[str, Op]]:
+    """``claim+complete`` and ``claim-or-get`` on a store-created table of its own."""
     import psycopg
 
-    table = f"floor_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_PG_DDL.format(t=table))
-        try:
-            insert = (
-                f"INSERT INTO {table} (tenant, operation, key, status, request_hash, "
-                "fencing_token, created_at, updated_at, lease_expires_at) "
-                "VALUES (%s, %s, %s, 'PROCESSING', %s, %s, %s, %s, %s) "
-                "ON CONFLICT DO NOTHING RETURNING fencing_token"
-            )
-            update = (
-                f"UPDATE {table} SET status = 'SUCCESS', response = %s, updated_at = %s, "
-                "expires_at = %s, lease_expires_at = NULL WHERE tenant = %s AND operation = %s "
-                "AND key = %s AND status = 'PROCESSING' AND fencing_token = %s"
-            )
-            claim_or_get = (
-                f"WITH ins AS (INSERT INTO {table} (tenant, operation, key, status, "
-                "request_hash, fencing_token, created_at, updated_at, lease_expires_at) "
-                "VALUES (%s, %s, %s, 'PROCESSING', %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING "
-                "RETURNING status, request_hash, response, fencing_token) "
-                "SELECT * FROM ins UNION ALL SELECT status, request_hash, response, "
-                f"fencing_token FROM {table} WHERE tenant = %s AND operation = %s AND key = %s "
-                "AND NOT EXISTS (SELECT 1 FROM ins)"
-            )
+    from idempotent_tasks import SQLStore
 
-            def first(i: int) -> None:
-                key = f"f{i}"
-                cur = conn.execute(insert, ("t", "op", key, _HASH, 7, 1.0, 1.0, 2.0))
-                cur.fetchone()
-                conn.execute(update, (b'{"ok":true}', 1.0, 9.0, "t", "op", key, 7))
+    from ._services import drop_store
 
-            def replay(_: int) -> None:
-                conn.execute(
-                    claim_or_get, ("t", "op", "f0", _HASH, 8, 1.0, 1.0, 2.0, "t", "op", "f0")
-                ).fetchone()
+    store = SQLStore(url, table_prefix=f"floor_{uuid.uuid4().hex[:8]}")
+    store.create_schema()
+    table = f"{store.table_prefix}_records"
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    conn = psycopg.connect(dsn, autocommit=True)
+    insert = _INSERT.format(t=table, p="%s")
+    update = _UPDATE.format(t=table, p="%s")
+    claim_or_get = _CLAIM_OR_GET.format(t=table)
+    tag = uuid.uuid4().hex[:6]
 
-            return {
-                "claim+complete": per_op_us(first, n),
-                "claim-or-get": per_op_us(replay, n),
-            }
-        finally:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
+    def first(i: int) -> None:
+        key = f"{tag}-{i}"
+        conn.execute(insert, ("t", "op", key, _HASH, 7, 1.0, 1.0, 2.0)).fetchone()
+        conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", key, 7))
+
+    def replay(_: int) -> None:
+        conn.execute(
+            claim_or_get, ("t", "op", "done", _HASH, 8, 1.0, 1.0, 2.0, "t", "op", "done")
+        ).fetchone()
+
+    first(-1)
+    conn.execute(insert, ("t", "op", "done", _HASH, 7, 1.0, 1.0, 2.0))
+    conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", "done", 7))
+    try:
+        yield {"claim+complete": first, "claim-or-get": replay}
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+        drop_store(store, "postgresql", store.table_prefix)
 
 
 _REDIS_CLAIM = """
@@ -82,57 +95,86 @@ return redis.call('GET', KEYS[1])
 """
 
 
-def redis_floor(url: str, n: int) -> dict[str, float]:
+@contextlib.contextmanager
+def redis_floor_ops(url: str) -> Iterator[dict[str, Op]]:
+    """One EVALSHA claim-or-get + one ``SET XX``; the claim-or-get alone for replays."""
     import redis
 
     client: Any = redis.Redis.from_url(url)
     script = client.register_script(_REDIS_CLAIM)
     prefix = f"floor:{uuid.uuid4().hex[:8]}"
+    processing = b"PROCESSING|" + _HASH.encode()
+
+    def first(i: int) -> None:
+        key = f"{prefix}:{i}"
+        script(keys=[key], args=[processing, 600_000])
+        client.set(key, b'SUCCESS|{"ok":true}', xx=True, px=600_000)
+
+    def replay(_: int) -> None:
+        script(keys=[f"{prefix}:done"], args=[processing, 600_000])
+
+    first(-1)
+    client.set(f"{prefix}:done", b'SUCCESS|{"ok":true}', px=600_000)
     try:
-        def first(i: int) -> None:
-            key = f"{prefix}:{i}"
-            script(keys=[key], args=[b"PROCESSING|" + _HASH.encode(), 600_000])
-            client.set(key, b'SUCCESS|{"ok":true}', xx=True, px=600_000)
-
-        def replay(_: int) -> None:
-            script(keys=[f"{prefix}:0"], args=[b"PROCESSING", 600_000])
-
-        return {"claim+complete": per_op_us(first, n), "claim-or-get": per_op_us(replay, n)}
+        yield {"claim+complete": first, "claim-or-get": replay}
     finally:
-        for k in client.scan_iter(f"{prefix}:*"):
+        for k in client.scan_iter(f"{prefix}:*", count=1000):
             client.delete(k)
         client.close()
 
 
-def sqlite_floor(path: Path, n: int) -> dict[str, float]:
+@contextlib.contextmanager
+def sqlite_floor_ops(path: Path) -> Iterator[dict[str, Op]]:
+    """The PostgreSQL pair on a WAL SQLite file (``synchronous=NORMAL``)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute(_PG_DDL.format(t="floor").replace("BYTEA", "BLOB"))
-    insert = (
+    conn.execute(
+        "CREATE TABLE floor (tenant TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL, "
+        "status TEXT NOT NULL, request_hash TEXT NOT NULL, response BLOB, "
+        "fencing_token BIGINT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL, "
+        "lease_expires_at REAL, expires_at REAL, PRIMARY KEY (tenant, operation, key))"
+    )
+    insert = _INSERT.format(t="floor", p="?")
+    update = _UPDATE.format(t="floor", p="?")
+    claim_or_get = (
         "INSERT INTO floor (tenant, operation, key, status, request_hash, fencing_token, "
         "created_at, updated_at, lease_expires_at) VALUES (?, ?, ?, 'PROCESSING', ?, ?, ?, ?, ?) "
-        "ON CONFLICT DO NOTHING RETURNING fencing_token"
+        "ON CONFLICT DO NOTHING RETURNING status"
     )
-    update = (
-        "UPDATE floor SET status = 'SUCCESS', response = ?, updated_at = ?, expires_at = ?, "
-        "lease_expires_at = NULL WHERE tenant = ? AND operation = ? AND key = ? "
-        "AND status = 'PROCESSING' AND fencing_token = ?"
-    )
+    get = "SELECT status, request_hash, response, fencing_token FROM floor WHERE tenant = ? " \
+          "AND operation = ? AND key = ?"
 
     def first(i: int) -> None:
         key = f"f{i}"
         conn.execute(insert, ("t", "op", key, _HASH, 7, 1.0, 1.0, 2.0)).fetchone()
-        conn.execute(update, (b'{"ok":true}', 1.0, 9.0, "t", "op", key, 7))
+        conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", key, 7))
 
+    def replay(_: int) -> None:
+        if conn.execute(claim_or_get, ("t", "op", "done", _HASH, 8, 1.0, 1.0, 2.0)).fetchone():
+            return
+        conn.execute(get, ("t", "op", "done")).fetchone()
+
+    first(-1)
+    conn.execute(insert, ("t", "op", "done", _HASH, 7, 1.0, 1.0, 2.0)).fetchall()
+    conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", "done", 7))
     try:
-        return {"claim+complete": per_op_us(first, n)}
+        yield {"claim+complete": first, "claim-or-get": replay}
     finally:
         conn.close()
 
 
-FLOORS: dict[str, Callable[..., dict[str, float]]] = {
-    "postgresql": pg_floor,
-    "redis": redis_floor,
-    "sqlite": sqlite_floor,
-}
+@contextlib.contextmanager
+def floor_ops(kind: str, workdir: Path, pg_url: str, redis_url: str) -> Iterator[dict[str, Op]]:
+    """The floor ops of store ``kind`` (none for the memory store)."""
+    if kind == "postgresql":
+        with pg_floor_ops(pg_url) as ops:
+            yield ops
+    elif kind == "redis":
+        with redis_floor_ops(redis_url) as ops:
+            yield ops
+    elif kind == "sqlite":
+        with sqlite_floor_ops(workdir / f"floor-{uuid.uuid4().hex[:8]}.db") as ops:
+            yield ops
+    else:
+        yield {}

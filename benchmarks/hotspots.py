@@ -1,0 +1,245 @@
+"""Where the time goes between the raw floor and ``execute()`` (``--only hotspots``).
+
+Each probe interleaves, in one run, the floor, the store primitive alone, the same server-side
+work sent by hand (so Python and server costs separate), and ``execute()``:
+
+* Redis first delivery: floor | the store's own two Lua scripts sent by hand (keys built
+  as the store builds them) | ``RedisStore.create`` + ``mark_success`` | ``execute()``.
+* PostgreSQL replay: floor (``ON CONFLICT DO NOTHING`` CTE) | the store's claim statement on
+  an existing SUCCESS row sent by hand | the same with ``DO NOTHING`` instead of the
+  ``DO UPDATE … WHERE expired`` arm (the proposed fast path) | ``SQLStore.create`` |
+  ``execute()``.  The store's statement takes a row lock on every duplicate (``ON CONFLICT DO
+  UPDATE`` locks the conflicting row even when its ``WHERE`` is false), which makes a replay a
+  write transaction with a WAL flush at commit.
+* Handler overhead: ``execute()`` on ``MemoryStore`` with metrics on / off (pure Python).
+* End to end: Celery / Dramatiq on Redis as they are, and with the per-task read of the
+  retry counter removed (simulated by patching ``IdempotencyHandler._read_count`` here).
+* Consumers' batch mode: one ``create_many`` per batch, then one ``mark_success`` per
+  message (as is) vs one batched completion per batch (the proposed ``mark_success_many``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from idempotent_tasks import IdempotencyHandler, MemoryStore
+from idempotent_tasks._records import Scope
+
+from ._services import POSTGRES_DSN, POSTGRES_URL, REDIS_URL
+from ._timing import interleave
+from .core import PAYLOAD, _body, make_handler, open_store
+from .floors import pg_floor_ops, redis_floor_ops
+
+HASH = "a" * 64
+RESPONSE = b'{"ok":true}'
+
+
+def redis_first_delivery(n: int) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_store("redis", Path(tmp)) as store,
+        redis_floor_ops(REDIS_URL) as floor,
+    ):
+        tag = uuid.uuid4().hex[:6]
+        handler = make_handler(store)
+        now = time.time()
+        claim, mark = store._scripts["claim"], store._scripts["mark_success"]
+        client = store._conn()
+
+        def scripts_by_hand(i: int) -> None:
+            k = store._keys(Scope("t", "bench", f"{tag}-raw-{i}"))
+            client.execute_command(
+                "EVALSHA", claim.sha, 2, k.record, k.processing, now, now + 300, store._gc_ms,
+                k.encoded, HASH, 7,
+            )
+            client.execute_command(
+                "EVALSHA", mark.sha, 4, k.record, k.counter, k.processing, k.finished, 7,
+                RESPONSE, now, now + 86400, store._gc_ms,
+            )
+
+        def primitives(i: int) -> None:
+            scope = Scope("t", "bench", f"{tag}-st-{i}")
+            store.create(scope, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
+            store.mark_success(scope, token=7, response=RESPONSE, now=now, expires_at=now + 9e4)
+
+        def execute(i: int) -> None:
+            handler.execute(_body, operation="bench", tenant="t", key=f"{tag}-ex-{i}",
+                            payload=PAYLOAD)
+
+        result = interleave(
+            {"floor": floor["claim+complete"], "scripts by hand": scripts_by_hand,
+             "store create+mark_success": primitives, "execute()": execute},
+            n,
+        )
+        return _table(result)
+
+
+def pg_replay(n: int) -> dict[str, Any]:
+    import psycopg
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_store("postgresql", Path(tmp)) as store,
+        pg_floor_ops(POSTGRES_URL) as floor,
+    ):
+        handler = make_handler(store)
+        handler.execute(_body, operation="bench", tenant="t", key="done", payload=PAYLOAD)
+        call = handler.prepare("bench", "t", "done", PAYLOAD, True)
+        assert call is not None
+        sql = store._ops._create_sql
+        fast = sql.replace(
+            sql[sql.index("ON CONFLICT"):sql.index("RETURNING (r.xmax = 0)")],
+            "ON CONFLICT (tenant, operation, key) DO NOTHING ",
+        ).replace("(r.xmax = 0) AS inserted", "true AS inserted")
+        conn = psycopg.connect(POSTGRES_DSN, autocommit=True)
+        now = time.time()
+        params = {"tenant": "t", "operation": "bench", "key": "done",
+                  "request_hash": call.request_hash, "token": 9, "now": now, "lease": now + 300}
+
+        def by_hand(_: int) -> None:
+            conn.execute(sql, params).fetchall()
+
+        def do_nothing(_: int) -> None:
+            conn.execute(fast, params).fetchall()
+
+        def create(_: int) -> None:
+            store.create(call.scope, request_hash=call.request_hash, token=9, now=time.time(),
+                         lease_expires_at=now + 300)
+
+        def execute(_: int) -> None:
+            handler.execute(_body, operation="bench", tenant="t", key="done", payload=PAYLOAD)
+
+        try:
+            result = interleave(
+                {"floor": floor["claim-or-get"], "store SQL by hand": by_hand,
+                 "same, DO NOTHING arm": do_nothing, "SQLStore.create": create,
+                 "execute()": execute},
+                n,
+            )
+        finally:
+            conn.close()
+        return _table(result)
+
+
+def handler_overhead(n: int) -> dict[str, Any]:
+    store = MemoryStore()
+    on = make_handler(store)
+    off = IdempotencyHandler(store, metrics=None)
+    tag = uuid.uuid4().hex[:6]
+
+    def first_on(i: int) -> None:
+        on.execute(_body, operation="bench", tenant="t", key=f"{tag}-on-{i}", payload=PAYLOAD)
+
+    def first_off(i: int) -> None:
+        off.execute(_body, operation="bench", tenant="t", key=f"{tag}-off-{i}", payload=PAYLOAD)
+
+    def prepare_only(i: int) -> None:
+        on.prepare("bench", "t", f"{tag}-p-{i}", PAYLOAD, True)
+
+    def store_only(i: int) -> None:
+        scope = Scope("t", "bench", f"{tag}-s-{i}")
+        store.create(scope, request_hash=HASH, token=7, now=1.0, lease_expires_at=301.0)
+        store.mark_success(scope, token=7, response=RESPONSE, now=1.0, expires_at=9e9)
+
+    result = interleave(
+        {"MemoryStore create+mark_success": store_only, "prepare() only": prepare_only,
+         "execute() metrics=None": first_off, "execute() Prometheus": first_on},
+        n,
+    )
+    return _table(result, reference="MemoryStore create+mark_success")
+
+
+def _table(result: Any, reference: str = "floor") -> dict[str, Any]:
+    return {
+        name: {"us": round(result.median(name), 2),
+               "ratio": round(result.ratio(name, reference), 3)}
+        for name in result.samples
+    }
+
+
+def run(n: int, e2e_n: int = 300, rounds: int = 3) -> dict[str, Any]:
+    return {
+        "redis first delivery": redis_first_delivery(n),
+        "postgresql replay": pg_replay(n),
+        "handler overhead (memory store, first delivery)": handler_overhead(n),
+        "e2e µs/task on redis (ratio: time per task vs as is)": e2e_counter_read(e2e_n, rounds),
+        **batch_complete(max(n // 100, 5)),
+    }
+
+
+def e2e_counter_read(n: int, rounds: int) -> dict[str, Any]:
+    """The integrations read the lazily loaded retry counter of every fresh claim (Celery:
+    ``_retry_count`` for ``set_outcome``; Dramatiq: ``dataclasses.replace`` of the context in
+    ``_attach``), one extra store round trip per task.  Simulated fix, benchmark-side only:
+    ``IdempotencyHandler._read_count`` patched to return 0 without a store call.  Both
+    variants alternate within each round on the same Redis store."""
+    import statistics
+
+    from . import e2e
+
+    original = IdempotencyHandler._read_count
+    rates: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, open_store("redis", Path(tmp)) as store:
+        for _ in range(rounds):
+            for fw, drain in e2e.FRAMEWORKS.items():
+                rates.setdefault(f"{fw} as is", []).append(drain(n, store, False))
+                IdempotencyHandler._read_count = lambda self, scope: 0  # type: ignore[method-assign]
+                try:
+                    rates.setdefault(f"{fw} without the counter read", []).append(
+                        drain(n, store, False))
+                finally:
+                    IdempotencyHandler._read_count = original  # type: ignore[method-assign]
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    return {
+        name: {"us": round(1e6 / rate, 2),
+               "ratio": round(medians[name.split(" ")[0] + " as is"] / rate, 3)}
+        for name, rate in medians.items()
+    }
+
+
+def batch_complete(n_batches: int, size: int = 100) -> dict[str, Any]:
+    """Consumers' batch mode claims a batch in one ``create_many`` but then writes each
+    outcome with its own ``mark_success`` round trip.  Per scope: create_many + per-message
+    mark_success (as is) vs create_many + one batched completion (the same writes: Redis —
+    the store's ``mark_success.lua`` pipelined; PostgreSQL — one set-based UPDATE; see
+    ``_fill.py``), interleaved batch by batch."""
+    return {
+        f"{kind}, per scope in batches of {size}": _batch_complete(kind, n_batches, size)
+        for kind in ("redis", "postgresql")
+    }
+
+
+def _batch_complete(kind: str, n_batches: int, size: int) -> dict[str, Any]:
+    from ._fill import HASH as FILL_HASH
+    from ._fill import RESPONSE as FILL_RESPONSE
+    from ._fill import _complete, scopes
+    from .batch import ClaimRequest
+
+    with tempfile.TemporaryDirectory() as tmp, open_store(kind, Path(tmp)) as store:
+        pool = scopes(2 * n_batches * size + 2 * size)
+        now = time.time()
+
+        def claim(i: int, offset: int) -> list[Scope]:
+            chunk = pool[(2 * i + offset) * size:(2 * i + offset + 1) * size]
+            store.create_many([ClaimRequest(s, FILL_HASH, token=7) for s in chunk],
+                              now=now, lease_expires_at=now + 300)
+            return chunk
+
+        def as_is(i: int) -> None:
+            for s in claim(i, 0):
+                store.mark_success(s, token=7, response=FILL_RESPONSE, now=now,
+                                   expires_at=now + 86400)
+
+        def batched(i: int) -> None:
+            _complete(store, kind, claim(i, 1), now, now + 86400)
+
+        result = interleave({"as is": as_is, "batched": batched}, n_batches, batch=1, warmup=0)
+        return {
+            name: {"us": round(result.median(name) / size, 2),
+                   "ratio": round(result.ratio(name, "as is"), 3)}
+            for name in ("as is", "batched")
+        }
