@@ -174,9 +174,23 @@ class _PostgresOps:
             "WHERE r.expires_at IS NOT NULL AND r.expires_at <= :now "
             "RETURNING (r.xmax = 0) AS inserted"
         )
-        # One round trip: insert, or replace an expired record (and reset its counter), or
-        # read the live one.  Zero rows means the conflicting row is newer than this
-        # statement's snapshot: the caller runs it again.
+        select_new = (
+            "SELECT true, NULL::text, NULL::text, NULL::bytea, NULL::bigint, NULL::float8, "
+            "NULL::float8, NULL::float8, NULL::float8 FROM ins "
+        )
+        # The hot path, one round trip: insert, or read the existing record.  DO NOTHING
+        # takes no row lock on a duplicate (DO UPDATE ... WHERE would lock it even when the
+        # WHERE is false, turning every replay into a write).  Zero rows means the
+        # conflicting row is newer than this statement's snapshot: the caller runs it again.
+        self._claim_sql = _pyformat(
+            f"WITH ins AS (INSERT INTO {r} {_INSERT_COLS} VALUES {_NEW_VALUES} "
+            "ON CONFLICT (tenant, operation, key) DO NOTHING RETURNING 1) "
+            + select_new
+            + f"UNION ALL SELECT false, {_RECORD_COLS} FROM {r} "
+            f"WHERE {_SCOPE} AND NOT EXISTS (SELECT 1 FROM ins)"
+        )
+        # The rare path, when the record read back had expired: insert, or replace an
+        # expired record (and reset its counter) atomically, or read the live one.
         self._create_sql = _pyformat(
             f"WITH ins AS ({ins}), "
             f"reset AS (DELETE FROM {c} WHERE {_SCOPE} "
@@ -243,12 +257,17 @@ class _PostgresOps:
         )
 
     def create(self, cur: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult | None:
-        row = _one(cur, self._create_sql, p)
+        row = _one(cur, self._claim_sql, p)
+        if row is not None and not row[0]:
+            duplicate = _live_duplicate(scope, row[1:], p["now"])
+            if duplicate is not None:
+                return duplicate
+            row = _one(cur, self._create_sql, p)  # expired: replace it atomically
+            if row is not None and not row[0]:
+                return _live_duplicate(scope, row[1:], p["now"])
         if row is None:
             return None  # raced with an insert newer than our snapshot: run it again
-        if row[0]:
-            return _created(scope, p)
-        return _live_duplicate(scope, row[1:], p["now"])
+        return _created(scope, p)
 
     def create_many(
         self, cur: Any, claims: Sequence[ClaimRequest], now: float, lease: float
