@@ -78,13 +78,16 @@ class Delivery:
             "task_id": self.task.request.id,
         }
 
-    def set_outcome(self, outcome: str, retry_count: int = 0) -> None:
-        """Record what the library decided on ``task.request.idempotency``."""
+    def set_outcome(self, outcome: str, retry_count: int | None = None) -> None:
+        """Record what the library decided on ``task.request.idempotency``.  The handler's
+        own context is reused as it is: its retry counter is read only if someone asks."""
         if self.context is None:
             self.context = IdempotencyContext(
                 tenant=self.tenant, operation=self.task.name, key=self.key,
-                request_hash=self.request_hash, outcome=outcome, retry_count=retry_count,
+                request_hash=self.request_hash, outcome=outcome, retry_count=retry_count or 0,
             )
+        elif retry_count is not None:
+            self.context.retry_count = retry_count
         self.context.outcome = outcome
         self.task.request.idempotency = self.context
 
@@ -277,7 +280,7 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
     except BaseException as exc:
         outcomes.on_error(delivery, exc)
         raise
-    delivery.set_outcome("executed" if delivery.ran else "replayed", _retry_count(delivery))
+    delivery.set_outcome("executed" if delivery.ran else "replayed")
     if not delivery.ran:
         delivery.handler.log.debug("celery_replayed", **delivery.fields())
     return result
@@ -288,10 +291,6 @@ def _options(task: IdempotentTask) -> dict[str, Any]:
         "ttl": task.ttl, "lease_timeout": task.lease_timeout,
         "max_retries": task.idempotency_max_retries, "on_stuck": task.on_stuck,
     }
-
-
-def _retry_count(delivery: Delivery) -> int:
-    return delivery.context.retry_count if delivery.context is not None else 0
 
 
 def _execute(delivery: Delivery) -> Any:
@@ -315,7 +314,7 @@ def _body(delivery: Delivery, conn: Any) -> Any:
     task = delivery.task
     delivery.ran = True
     delivery.context = current_context()
-    delivery.set_outcome("executing", _retry_count(delivery))
+    delivery.set_outcome("executing")
     request = task.request
     setattr(request, _IN_BODY, True)
     token = _connection.set(conn)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
@@ -152,7 +152,7 @@ class MessageRun:
             outcome = _refusal_outcome(exc)
         ctx = attempt.context
         if ctx is not None and attempt.retry_count is not None:
-            ctx = replace(ctx, retry_count=attempt.retry_count)
+            ctx.retry_count = attempt.retry_count
         self._attach(ctx, outcome, resolved, exc)
         raised: BaseException = exc
         if decision is _state.Decision.RETRY and exc is not attempt.body_error:
@@ -204,7 +204,7 @@ class MessageRun:
     ) -> None:
         """Attach the context to the message proxy (``message.idempotency_context``)."""
         if ctx is not None:
-            ctx = replace(ctx, outcome=outcome)
+            ctx.outcome = outcome  # the handler's own context: its counter stays lazy
         else:
             ctx = IdempotencyContext(
                 tenant=_text(resolved.tenant if resolved else getattr(exc, "tenant", None)),

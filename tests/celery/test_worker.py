@@ -477,3 +477,11 @@ def test_unserialisable_arguments_are_refused(env: Env) -> None:
                                                   tenant=TENANT))
     assert err.code == "INVALID_PAYLOAD"
     assert env.runs[f"charge:{order}"] == 0
+
+
+def test_a_first_delivery_costs_two_store_calls(env: Env) -> None:
+    """claim + outcome: the context's retry counter is read only if someone asks for it."""
+    charge, k = env.tasks["charge"], key()
+    env.store.calls.clear()
+    assert get(charge.apply_async(("o-two-calls", 5), idempotency_key=k, tenant=TENANT))
+    assert env.store.calls == ["create", "mark_success"]

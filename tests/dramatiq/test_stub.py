@@ -398,3 +398,17 @@ def test_unserialisable_arguments_dead_letter_without_running(env: Env) -> None:
     env.join()
     assert runs == [] and env.dead_letter_ids() == [message.message_id]
     assert [e.message_id for e in env.observer.errors("INVALID_PAYLOAD")] == [message.message_id]
+
+
+def test_a_first_delivery_costs_two_store_calls(env: Env) -> None:
+    """claim + outcome: the context's retry counter is read only if someone asks for it."""
+
+    @idempotent_actor(**FAST)
+    def ping(n: int) -> int:
+        return n
+
+    env.start()
+    env.store.calls.clear()
+    ping.send_with_options(args=(1,), idempotency_key="two-calls", tenant="acme")
+    env.join()
+    assert env.store.calls == ["create", "mark_success"]
