@@ -24,7 +24,7 @@ import structlog
 from celery.exceptions import Ignore, Reject
 
 from .._errors import ErrorCode, IdempotencyError, InvalidInputError
-from .._handler import IdempotencyHandler, Permanent, Seconds
+from .._handler import Call, IdempotencyHandler, Permanent, Seconds
 from .._records import IdempotencyContext
 from . import outcomes
 from .state import state_for
@@ -276,7 +276,7 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
         outcomes.rejected(task, exc)
     delivery.request_hash = call.request_hash if call is not None else None
     try:
-        result = _execute(delivery)
+        result = _execute(delivery, call)
     except BaseException as exc:
         outcomes.on_error(delivery, exc)
         raise
@@ -293,8 +293,19 @@ def _options(task: IdempotentTask) -> dict[str, Any]:
     }
 
 
-def _execute(delivery: Delivery) -> Any:
-    task = delivery.task
+def _execute(delivery: Delivery, call: Call | None) -> Any:
+    """Claim the already prepared call and run it (validated and hashed once)."""
+    task, handler = delivery.task, delivery.handler
+    if call is not None:
+        claim = handler.claim(call)
+        if not claim.owned:
+            return claim.replay
+        if task.transactional:
+            return handler.run_claimed(
+                call, claim, lambda conn: _body(delivery, conn), task.is_permanent,
+                transactional=True,
+            )
+        return handler.run_claimed(call, claim, lambda: _body(delivery, None), task.is_permanent)
     common: dict[str, Any] = {
         "operation": task.name, "tenant": delivery.tenant, "key": delivery.key,
         "payload": delivery.payload, "permanent": task.is_permanent,
