@@ -44,6 +44,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
 DEFAULT_OUTCOME_RETRY_TIMEOUT = 30.0
 _MAX_CLAIM_ROUNDS = 8
+_MAX_ACCEPTED = 4096  # distinct tenants/operations remembered as valid
 
 OnStuck = Literal["retry", "fail"]
 Seconds = float | dt.timedelta
@@ -177,6 +178,7 @@ class IdempotencyHandler:
         self.max_response_bytes = max_response_bytes
         self.outcome_retry_timeout = seconds(outcome_retry_timeout)
         self._operations: dict[str, Options] = {}
+        self._accepted: dict[str, str] = {}
         self._heartbeat = (
             HeartbeatThread(self.heartbeat_interval, self._renew)
             if self.heartbeat_interval is not None
@@ -341,16 +343,30 @@ class IdempotencyHandler:
         on_stuck: OnStuck | None = None,
     ) -> Call | None:
         """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``)."""
-        op = validate_operation(operation)
+        op = self._validated(operation, validate_operation)
         if (key is None or key == "") and not require_key:
             return None
         k = validate_key(key)
-        t = validate_tenant(tenant)
+        t = self._validated(tenant, validate_tenant)
         scope = Scope(t, op, k)
         options = self.options_for(op).merged(
             ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
         )
         return Call(scope, self.hash_payload(scope, payload), options)
+
+    def _validated(self, value: object, validate: Callable[[object], str]) -> str:
+        """Tenants and operations repeat on every message: validate each distinct one once
+        (a bounded memo of values already accepted; keys are unique and always checked)."""
+        if type(value) is str:
+            hit = self._accepted.get(value)
+            if hit is not None:
+                return hit
+        text = validate(value)
+        if type(value) is str:
+            if len(self._accepted) >= _MAX_ACCEPTED:
+                self._accepted.clear()
+            self._accepted[value] = text
+        return text
 
     def hash_payload(self, scope: Scope, payload: Any) -> str:
         try:
