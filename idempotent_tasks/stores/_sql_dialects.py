@@ -253,7 +253,8 @@ class _PostgresOps:
             f"DELETE FROM {c} WHERE (tenant, operation, key) IN ("
             f"SELECT tenant, operation, key FROM {c} AS cc WHERE cc.updated_at < :before "
             f"AND NOT EXISTS (SELECT 1 FROM {r} AS r WHERE r.tenant = cc.tenant "
-            "AND r.operation = cc.operation AND r.key = cc.key) FOR UPDATE SKIP LOCKED)"
+            "AND r.operation = cc.operation AND r.key = cc.key) "
+            "ORDER BY cc.updated_at LIMIT :limit FOR UPDATE SKIP LOCKED)"
         )
 
     def create(self, cur: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult | None:
@@ -341,8 +342,10 @@ class _SQLiteOps:
             "WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)"
         )
         self._delete_counters_sql = (
-            f"DELETE FROM {c} WHERE updated_at < :before AND NOT EXISTS (SELECT 1 FROM {r} AS r "
-            f"WHERE r.tenant = {c}.tenant AND r.operation = {c}.operation AND r.key = {c}.key)"
+            f"DELETE FROM {c} WHERE rowid IN (SELECT cc.rowid FROM {c} AS cc "
+            "WHERE cc.updated_at < :before AND NOT EXISTS (SELECT 1 FROM "
+            f"{r} AS r WHERE r.tenant = cc.tenant AND r.operation = cc.operation "
+            "AND r.key = cc.key) ORDER BY cc.updated_at LIMIT :limit)"
         )
 
     def create(self, cur: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult | None:

@@ -153,9 +153,10 @@ class Store(Protocol):
         ...
 
     def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int:
-        """Purge up to ``limit`` records with ``expires_at <= now``, then counters whose scope
-        has no record and whose last change is older than ``counters_before``.  Returns the
-        number of records purged.  Safe to run from many workers at once."""
+        """Purge up to ``limit`` records with ``expires_at <= now``, then up to ``limit``
+        counters whose scope has no record and whose last change is older than
+        ``counters_before`` (oldest first).  Returns the number of records purged.  Safe to
+        run from many workers at once."""
         ...
 
     def list_records(

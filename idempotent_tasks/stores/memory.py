@@ -226,11 +226,14 @@ class MemoryStore:
             ][:limit]
             for scope in expired:
                 del self._records[scope]
-            stale = [
-                s
-                for s, c in self._counters.items()
-                if s not in self._records and c.updated_at < counters_before
-            ]
+            stale = sorted(
+                (
+                    s
+                    for s, c in self._counters.items()
+                    if s not in self._records and c.updated_at < counters_before
+                ),
+                key=lambda s: self._counters[s].updated_at,
+            )[:limit]
             for scope in stale:
                 del self._counters[scope]
             return len(expired)
