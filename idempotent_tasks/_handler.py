@@ -570,7 +570,7 @@ class IdempotencyHandler:
             response=encoded, now=now, expires_at=now + call.options.ttl,
         )
         value = self.serializer.loads(encoded)
-        if not stored:
+        if not stored and not self._adopt_success(call, encoded):
             self.lease_lost(call)
             return value
         self.metrics.execution(call.scope.operation, "success")
@@ -578,6 +578,27 @@ class IdempotencyHandler:
         if self.cache is not None:
             self._cache_put(call, encoded, now + call.options.ttl)
         return value
+
+    def _adopt_success(self, call: Call, encoded: bytes) -> bool:
+        """Our SUCCESS write was refused.  If no attempt owns the scope any more — recovery
+        released it while we were paused past our lease — the body that really ran is ours:
+        claim the scope afresh and record its outcome, so that no redelivery runs it again.
+        If another attempt holds it (a takeover), we are truly stale: write nothing."""
+        now = self.clock()
+        token = new_token()
+        claimed = self._write_outcome(
+            call, "create", self.store.create, call.scope, request_hash=call.request_hash,
+            token=token, now=now, lease_expires_at=now + call.options.lease_timeout,
+        )
+        if not claimed.created:
+            return False
+        stored: bool = self._write_outcome(
+            call, "mark_success", self.store.mark_success, call.scope, token=token,
+            response=encoded, now=now, expires_at=now + call.options.ttl,
+        )
+        if stored:
+            self.log.warning("released_scope_adopted", status="SUCCESS", **call.fields())
+        return stored
 
     def on_body_error(
         self, call: Call, token: int, exc: BaseException, permanent: Permanent

@@ -552,3 +552,31 @@ def test_context_retry_count_counts_earlier_attempts(handler: IdempotencyHandler
             run(handler, flaky)
     assert run(handler, flaky) == "ok"
     assert seen == [0, 1, 2]
+
+
+def test_owner_paused_past_its_lease_and_released_by_recovery_records_its_result(
+    handler: IdempotencyHandler, clock: FakeClock
+) -> None:
+    """Recovery released the scope while its owner was paused; the owner then finishes: its
+    body really ran, so its result is recorded and later deliveries replay it (no re-run)."""
+    started, release = threading.Event(), threading.Event()
+    out: list[Any] = []
+
+    def paused() -> str:
+        started.set()
+        assert release.wait(10)
+        return "ran once"
+
+    t = threading.Thread(target=lambda: out.append(run(handler, paused)))
+    t.start()
+    assert started.wait(10)
+    clock.advance(31)
+    assert handler.recover_stuck_records() == 1  # released, the crashed-looking attempt counted
+    release.set()
+    t.join(10)
+    assert out == ["ran once"]
+    rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
+    assert rec is not None and rec.status is Status.SUCCESS and rec.response == "ran once"
+    assert rec.retry_count == 1
+    body = Counter("again")
+    assert run(handler, body) == "ran once" and body.calls == 0
