@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -172,8 +173,7 @@ class MaintenanceRunner:
             ),
         }
 
-    def _job(self, lock: str, every: float, job: object, name: str) -> int | None:
-        assert callable(job)
+    def _job(self, lock: str, every: float, job: Callable[[], int], name: str) -> int | None:
         now = self.handler.clock()
         last = self._last.get(name)
         if last is not None and now - last < every:

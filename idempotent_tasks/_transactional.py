@@ -151,7 +151,7 @@ def _answer_as_duplicate(handler: IdempotencyHandler, call: Call) -> Any:
     """A stale owner's effects were rolled back: answer as a duplicate would."""
     record = handler.store_call("get", handler.store.get, call.scope)
     if record is not None and record.status is Status.SUCCESS:
-        return handler.serializer.loads(record.response) if record.response else None
+        return handler._decode(call, record)
     if record is not None and record.status is Status.FAILED:
         raise call.error(ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)")
     raise call.error(ErrorCode.REQUEST_IN_PROGRESS, "another attempt owns this scope")
