@@ -10,13 +10,13 @@ import asyncio
 import datetime as dt
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextvars import Token
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal, TypeVar
 
-from ._context import bound_context
+from ._context import CURRENT_CONTEXT
 from ._errors import (
     ConfigurationError,
     ErrorCode,
@@ -29,7 +29,7 @@ from ._errors import (
 from ._heartbeat import HeartbeatThread, Lease
 from ._logging import Logger, default_logger
 from ._metrics import Metrics, NoMetrics, default_metrics
-from ._records import LazyCountContext, Record, Scope, Status, StoredRecord
+from ._records import IdempotencyContext, LazyCountContext, Record, Scope, Status, StoredRecord
 from ._scope import validate_key, validate_operation, validate_tenant
 from ._serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, request_hash
 from .caches.base import Cache
@@ -104,7 +104,7 @@ class Options:
             raise ConfigurationError("on_stuck must be 'retry' or 'fail'")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """One validated delivery."""
 
@@ -121,7 +121,7 @@ class Call:
         return make_error(code, message, tenant=s.tenant, operation=s.operation, key=s.key)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claim:
     """The result of the claim phase: either we own the scope, or a replayed value."""
 
@@ -498,26 +498,9 @@ class IdempotencyHandler:
         done: T = self.complete(call, claim.token, result)
         return done
 
-    @contextmanager
-    def _running(self, call: Call, claim: Claim) -> Iterator[None]:
+    def _running(self, call: Call, claim: Claim) -> _Running:
         """Bind the context, and keep the lease alive while the body runs (if configured)."""
-        assert claim.token is not None
-        ctx = LazyCountContext(
-            tenant=call.scope.tenant, operation=call.scope.operation, key=call.scope.key,
-            request_hash=call.request_hash, outcome="executing", retry_count=claim.retry_count,
-            fencing_token=claim.token,
-            load=None if claim.counted else partial(self._read_count, call.scope),
-        )
-        heartbeat = self._heartbeat
-        ident = None
-        if heartbeat is not None:
-            ident = heartbeat.register(Lease(call.scope, claim.token, call.options.lease_timeout))
-        try:
-            with bound_context(ctx):
-                yield
-        finally:
-            if ident is not None and heartbeat is not None:
-                heartbeat.unregister(ident)
+        return _Running(self, call, claim)
 
     def _read_count(self, scope: Scope) -> int:
         try:
@@ -779,6 +762,43 @@ class IdempotencyHandler:
         name = getattr(self.cache, "name", "cache")
         self.metrics.cache_error(name)
         self.log.warning("cache_unavailable", cache=name, call=op, error=repr(exc))
+
+
+class _Running:
+    """The body's surroundings (``with handler._running(call, claim):``): its context bound,
+    its lease registered with the heartbeat thread.  A slotted class rather than a generator
+    context manager: it is entered on every execution."""
+
+    __slots__ = ("_call", "_claim", "_handler", "_ident", "_reset")
+
+    def __init__(self, handler: IdempotencyHandler, call: Call, claim: Claim) -> None:
+        self._handler = handler
+        self._call = call
+        self._claim = claim
+        self._ident: int | None = None
+        self._reset: Token[IdempotencyContext | None] | None = None
+
+    def __enter__(self) -> None:
+        call, claim, handler = self._call, self._claim, self._handler
+        token = claim.token
+        assert token is not None
+        scope = call.scope
+        ctx = LazyCountContext(
+            scope.tenant, scope.operation, scope.key, call.request_hash, "executing",
+            claim.retry_count, token,
+            load=None if claim.counted else partial(handler._read_count, scope),
+        )
+        heartbeat = handler._heartbeat
+        if heartbeat is not None:
+            self._ident = heartbeat.register(Lease(scope, token, call.options.lease_timeout))
+        self._reset = CURRENT_CONTEXT.set(ctx)
+
+    def __exit__(self, *_: object) -> None:
+        if self._reset is not None:
+            CURRENT_CONTEXT.reset(self._reset)
+        heartbeat = self._handler._heartbeat
+        if self._ident is not None and heartbeat is not None:
+            heartbeat.unregister(self._ident)
 
 
 def _scope_fields(args: tuple[Any, ...]) -> dict[str, str]:

@@ -128,8 +128,21 @@ class LazyCountContext(IdempotencyContext):
 
     __slots__ = ("_load",)
 
-    def __init__(self, *args: Any, load: Callable[[], int] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        tenant: str | None,
+        operation: str,
+        key: str | None,
+        request_hash: str | None,
+        outcome: str,
+        retry_count: int = 0,
+        fencing_token: int | None = None,
+        *,
+        load: Callable[[], int] | None = None,
+    ) -> None:
+        IdempotencyContext.__init__(
+            self, tenant, operation, key, request_hash, outcome, retry_count, fencing_token
+        )
         self._load = load
 
     @property

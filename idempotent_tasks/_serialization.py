@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Protocol, runtime_checkable
 
 _SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)  # exact types: one set look-up on the common path
 
 
 @runtime_checkable
@@ -55,7 +56,7 @@ def _default(value: Any) -> Any:
 
 def _check_keys(value: Any, depth: int = 0) -> None:
     """Refuse non-string dict keys anywhere in ``value``."""
-    if isinstance(value, _SCALARS):
+    if type(value) in _SCALAR_TYPES or isinstance(value, _SCALARS):
         return
     if depth > 500:
         raise SerializationError("value is nested too deeply")
@@ -63,10 +64,12 @@ def _check_keys(value: Any, depth: int = 0) -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise SerializationError(f"dict keys must be strings, got {type(k).__name__}")
-            _check_keys(v, depth + 1)
+            if type(v) not in _SCALAR_TYPES:
+                _check_keys(v, depth + 1)
     elif isinstance(value, list | tuple):
         for item in value:
-            _check_keys(item, depth + 1)
+            if type(item) not in _SCALAR_TYPES:
+                _check_keys(item, depth + 1)
 
 
 class JSONSerializer:
@@ -80,6 +83,7 @@ class JSONSerializer:
             allow_nan=False,
             default=_default,
         )
+        self._decoder = json.JSONDecoder()
 
     def dumps(self, value: Any) -> bytes:
         try:
@@ -92,7 +96,10 @@ class JSONSerializer:
 
     def loads(self, data: bytes) -> Any:
         try:
-            return json.loads(data)
+            # What dumps wrote is UTF-8: decode it directly rather than have json.loads
+            # sniff the encoding of every stored response.
+            text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+            return self._decoder.decode(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SerializationError(str(exc)) from exc
 

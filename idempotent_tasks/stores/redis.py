@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from .._errors import IdempotencyError, StoreUnavailableError
 from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from ._redis_direct import thread_connections
 from .base import ClaimRequest, FailureResult
 
 if TYPE_CHECKING:
@@ -280,6 +281,7 @@ class RedisStore:
         self._cluster = isinstance(self._client, redis.cluster.RedisCluster) or (
             self._url is not None and self._url.startswith(CLUSTER_SCHEME)
         )
+        self._direct = None if self._cluster else thread_connections(self._client)
         self._errors = driver_errors()
         self._noscript: type[Exception] = redis.exceptions.NoScriptError
         self._scripts = self._register(Script)
@@ -325,6 +327,13 @@ class RedisStore:
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """EVALSHA, loading the script once more when the server does not know it (first
         use, restart, failover).  NOSCRIPT means nothing ran, so running again is safe."""
+        direct = self._direct
+        if direct is not None:  # standalone: this thread's held connection
+            try:
+                return direct.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except self._noscript:
+                script.sha = self._conn().script_load(script.script)
+                return direct.execute("EVALSHA", script.sha, len(keys), *keys, *args)
         client = self._conn()
         try:
             return command(client, "EVALSHA", script.sha, len(keys), *keys, *args)
@@ -699,7 +708,9 @@ class RedisStore:
 
     def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
-        belongs to the caller)."""
+        belongs to the caller), and the hot path's per-thread connections (always ours)."""
+        if self._direct is not None:
+            self._direct.close()
         client = self._client
         if not self._owned or client is None:
             return
