@@ -67,7 +67,7 @@ def _section_runners(p: Params, stores: list[str]) -> dict[str, Callable[[], Any
     return {
         "core": lambda: core.run(stores, p.n),
         "peers": lambda: peers.run(p.n),
-        "hotspots": lambda: hotspots.run(p.n, p.e2e_n, p.e2e_rounds),
+        "hotspots": lambda: hotspots.run(p.n),
         "e2e": lambda: e2e.run(p.e2e_n, p.e2e_rounds, networked),
         "consumers": lambda: consumers.run(p.consumers_n),
         "batch": lambda: batch.run(p.batch_scopes, p.batch_rounds,

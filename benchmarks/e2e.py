@@ -1,26 +1,29 @@
 """End-to-end Celery and Dramatiq throughput through RabbitMQ, with and without the library.
 
 Each run pre-publishes ``n`` trivial tasks to a queue of its own, waits until the broker holds
-them all, then starts a real worker in this process (Celery: ``start_worker`` with the
-``threads`` pool and concurrency 1, one task at a time — the ``solo`` pool stalls in kombu's
-event loop, see ``DrainTimer``;
-Dramatiq: ``dramatiq.Worker`` with 2 threads) and times the drain from the first task's start
-to the last task's end (Celery ``task_prerun``/``task_postrun`` signals; a Dramatiq
-middleware's ``before/after_process_message``), so worker start-up and publishing are
-excluded.  The variants (plain task, idempotent task on each store) alternate within each
-round; figures are medians over the rounds.  Each round also measures the store's raw
-claim + complete floor (``floors.py``), so the library's cost per task,
-``1/throughput_with - 1/throughput_without``, is compared with a floor of the same moment.
-A last variant runs a *plain* task/actor whose body calls ``handler.execute()`` itself (first
-store only): the handler and store inside the worker without the integration layer, which
-splits the cost between the two.
+them all, then starts a real worker — Celery: a ``celery worker --pool=solo`` process
+(``_celery_worker.py``: one task at a time in the consumer's own thread, as the issue's
+reference figures and as each child of the default prefork pool runs them); Dramatiq:
+``dramatiq.Worker`` with 2 threads in this process — and times the drain from the first
+task's start to the last task's end (Celery ``task_prerun``/``task_postrun`` signals in the
+worker process; a Dramatiq middleware's ``before/after_process_message``), so worker
+start-up and publishing are excluded.  The variants (plain task, idempotent task on each
+store) alternate within each round; figures are medians over the rounds.  Each round also
+measures the store's raw claim + complete floor (``floors.py``), so the library's cost per
+task, ``1/throughput_with - 1/throughput_without``, is compared with a floor of the same
+moment.  A last variant runs a *plain* task/actor whose body calls ``handler.execute()``
+itself (first store only): the handler and store inside the worker without the integration
+layer, which splits the cost between the two.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -47,11 +50,10 @@ STALL_S = 0.05
 class DrainTimer:
     """First start → last end over ``n`` tasks; ``done`` is set at the ``n``-th end.
 
-    In-process Celery workers on RabbitMQ occasionally sit idle in kombu's event loop with
-    messages already read into the client's buffer (solo pool: 1 s gaps, and a permanent
-    stall with ``worker_prefetch_multiplier=1``; threads pool: 0.1 s gaps), whatever the task
-    does.  Gaps longer than ``STALL_S`` are therefore left out of the busy time and counted
-    (``stalls``), for both variants alike.
+    Celery workers on RabbitMQ occasionally sit idle in kombu's event loop with messages
+    already read into the client's buffer (gaps of 0.1 to 1 s; seen with ``acks_late`` tasks,
+    the plain one included, whatever the task does).  Gaps longer than ``STALL_S`` are
+    therefore left out of the busy time and counted (``stalls``), for every variant alike.
     """
 
     def __init__(self, n: int) -> None:
@@ -95,6 +97,20 @@ class Direct:
         self.store = store
 
 
+class Floor(Direct):
+    """A store next to whose records a *plain* task/actor (``acks_late`` like the idempotent
+    one) runs the raw claim + complete floor statements (``floors.attached_floor``): the
+    floor's cost measured inside the same worker, broker and machine load as the library's."""
+
+
+def _floor_body(store: Any) -> Callable[[int], None]:
+    from .floors import attached_floor
+
+    spec = _store_spec(store)
+    return attached_floor(spec["kind"], spec["prefix"],
+                          POSTGRES_URL if spec["kind"] == "postgresql" else REDIS_URL)
+
+
 def _direct_body(store: Any, operation: str) -> Callable[[int], None]:
     from .core import _body
 
@@ -110,41 +126,79 @@ def _direct_body(store: Any, operation: str) -> Callable[[int], None]:
 
 # --------------------------------------------------------------------------- Celery
 def celery_drain(n: int, store: Any | None, acks_late: bool = False) -> float:
-    """Tasks/s of one solo worker draining ``n`` pre-published tasks.  Idempotent tasks
-    default to ``acks_late=True`` (crash safety); ``acks_late`` gives the plain task the same
-    setting, so the library's own cost can be told apart from the late ack's."""
-    from celery import Celery, signals
-    from celery.contrib.testing.worker import start_worker
+    """Tasks/s of one ``celery worker --pool=solo`` process draining ``n`` pre-published
+    tasks (``_celery_worker.py``).  Idempotent tasks default to ``acks_late=True`` (crash
+    safety); ``acks_late`` gives the plain task the same setting, so the library's own cost
+    can be told apart from the late ack's."""
+    from celery import Celery
+
+    from idempotent_tasks.celery import KEY_HEADER, TENANT_HEADER
 
     tag = uuid.uuid4().hex[:8]
     queue = f"bench-celery-{tag}"
     app = Celery(f"bench_{tag}", broker=RABBITMQ_URL, set_as_current=False)
-    app.conf.update(
-        task_default_queue=queue, broker_heartbeat=0, task_ignore_result=True,
-        worker_hijack_root_logger=False, broker_connection_retry_on_startup=True,
-    )
-    task = _celery_task(app, store, acks_late)
-    timer = DrainTimer(n)
-    signals.task_prerun.connect(timer.start, sender=task, weak=False)
-    signals.task_postrun.connect(timer.end, sender=task, weak=False)
+    app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True)
+    direct = isinstance(store, Direct)
+    name = ("bench.plain" if store is None else "bench.floor" if isinstance(store, Floor)
+            else "bench.direct" if direct else "bench.idempotent")
     try:
-        for i in range(n):
-            if store is None or isinstance(store, Direct):
-                task.apply_async((i,))
-            else:
-                task.apply_async((i,), idempotency_key=f"{tag}-{i}", tenant=TENANT)
+        with app.producer_or_acquire() as producer:
+            for i in range(n):
+                headers = {} if store is None or direct else {
+                    KEY_HEADER: f"{tag}-{i}", TENANT_HEADER: TENANT,
+                }
+                app.send_task(name, (i,), queue=queue, headers=headers, producer=producer)
         _wait_depth(lambda: _celery_depth(app, queue), n)
-        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                          shutdown_timeout=10, loglevel="CRITICAL"):
-            if not timer.done.wait(60 + n / 100):
-                raise TimeoutError(f"celery drained {timer.count}/{n} tasks")
+        config = {
+            "n": n, "queue": queue, "broker": RABBITMQ_URL, "acks_late": acks_late,
+            "wrapper": type(store).__name__ if direct else None,
+            "store": None if store is None else _store_spec(store),
+        }
+        timer = _run_worker_process(config, timeout=60 + n / 100)
         STALLS.append(timer.stalls())
         return timer.rate()
     finally:
-        signals.task_prerun.disconnect(timer.start, sender=task)
-        signals.task_postrun.disconnect(timer.end, sender=task)
         with contextlib.suppress(Exception), app.connection_for_write() as conn:
             conn.default_channel.queue_delete(queue)
+
+
+def _store_spec(store: Any) -> dict[str, str]:
+    """How the worker process attaches to ``store`` (``_celery_worker.attach_store``)."""
+    inner = store.store if isinstance(store, Direct) else store
+    if hasattr(inner, "table_prefix"):
+        return {"kind": "postgresql", "prefix": inner.table_prefix}
+    return {"kind": "redis", "prefix": inner.prefix}
+
+
+def _run_worker_process(config: dict[str, Any], timeout: float) -> DrainTimer:
+    """Start ``_celery_worker`` with ``config``; its drain times once it has run them all."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        log = Path(tmp) / "worker.log"
+        with log.open("wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks._celery_worker",
+                 json.dumps({**config, "out": str(out)})],
+                cwd=Path(__file__).resolve().parent.parent, stdout=log_file, stderr=log_file,
+            )
+            deadline = time.monotonic() + timeout
+            try:
+                while not out.exists():
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"celery worker process ended or timed out before draining "
+                            f"{config['n']} tasks:\n{log.read_text()[-2000:]}"
+                        )
+                    time.sleep(0.01)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        data = json.loads(out.read_text())
+    timer = DrainTimer(config["n"])
+    timer.first = data["first"]
+    timer.ends = data["ends"]
+    return timer
 
 
 def _celery_depth(app: Any, queue: str) -> int:
@@ -168,6 +222,14 @@ def _celery_task(app: Any, store: Any | None, acks_late: bool) -> Any:
             return {"ok": i}
 
         return plain
+    if isinstance(store, Floor):
+        floor = _floor_body(store.store)
+
+        @app.task(name="bench.floor", shared=False, acks_late=True, reject_on_worker_lost=True)
+        def run_floor(i: int) -> None:
+            floor(i)
+
+        return run_floor
     if isinstance(store, Direct):
         body = _direct_body(store.store, "bench.direct")
 
@@ -249,6 +311,9 @@ def _dramatiq_actor(broker: Any, queue: str, store: Any | None) -> Any:
 
     if store is None:
         return dramatiq.actor(work, broker=broker, queue_name=queue, actor_name="bench_plain")
+    if isinstance(store, Floor):
+        return dramatiq.actor(_floor_body(store.store), broker=broker, queue_name=queue,
+                              actor_name="bench_floor")
     if isinstance(store, Direct):
         return dramatiq.actor(_direct_body(store.store, "bench.direct"), broker=broker,
                               queue_name=queue, actor_name="bench_direct")
@@ -283,7 +348,10 @@ def run(n: int, rounds: int, kinds: list[str]) -> dict[str, Any]:
     floors: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp, _stores(kinds, Path(tmp)) as stores:
         for name, drain in FRAMEWORKS.items():
-            direct = {f"{k} (plain task calling execute())": Direct(stores[k]) for k in kinds[:1]}
+            direct: dict[str, Direct] = {
+                f"{k} (plain task calling execute())": Direct(stores[k]) for k in kinds[:1]
+            }
+            direct.update({f"{k}{FLOOR_SUFFIX}": Floor(stores[k]) for k in kinds})
             variants = ["none", *(["none (acks_late)"] if name == "celery" else []), *kinds,
                         *direct]
             rates: dict[str, list[float]] = {v: [] for v in variants}
@@ -302,18 +370,35 @@ def run(n: int, rounds: int, kinds: list[str]) -> dict[str, Any]:
     return out
 
 
+FLOOR_SUFFIX = " floor (plain task running the floor statements)"
+
+
 def _costs(rows: dict[str, Any], kinds: list[str], floors: dict[str, float]) -> None:
-    """Cost per task vs the plain task (and, for Celery, vs the plain ``acks_late`` task)."""
+    """Cost per task vs the plain task (and, for Celery, vs the plain ``acks_late`` task),
+    compared with two floors: the claim + complete floor timed in a loop (``floors``), and
+    the same statements run by a plain task in the same worker (``FLOOR_SUFFIX`` rows:
+    same broker traffic, worker and machine load as the library's tasks)."""
     for base_name in ("none", "none (acks_late)"):
         if base_name not in rows:
             continue
         base = rows[base_name]["median"]
         suffix = "" if base_name == "none" else "_vs_acks_late"
         for variant, row in rows.items():
-            kind = variant.split(" ")[0]
-            if kind not in kinds:
-                continue
-            cost = (1 / row["median"] - 1 / base) * 1e6
-            row["cost_us" + suffix] = round(cost, 2)
-            row["floor_us"] = floors[kind]
-            row["ratio_to_floor" + suffix] = round(cost / floors[kind], 3)
+            if _kind(variant, kinds) is not None:
+                row["cost_us" + suffix] = round((1 / row["median"] - 1 / base) * 1e6, 2)
+    for variant, row in rows.items():
+        kind = _kind(variant, kinds)
+        if kind is None or variant.endswith(FLOOR_SUFFIX):
+            continue
+        row["floor_us"] = floors[kind]
+        row["ratio_to_floor"] = round(row["cost_us"] / floors[kind], 3)
+        if "cost_us_vs_acks_late" in row:
+            row["ratio_to_floor_vs_acks_late"] = round(
+                row["cost_us_vs_acks_late"] / floors[kind], 3)
+        worker_floor = rows[f"{kind}{FLOOR_SUFFIX}"]["cost_us"]
+        row["worker_floor_us"] = worker_floor
+        row["ratio_to_worker_floor"] = round(row["cost_us"] / worker_floor, 3)
+
+
+def _kind(variant: str, kinds: list[str]) -> str | None:
+    return next((k for k in kinds if variant == k or variant.startswith(k + " ")), None)

@@ -49,24 +49,16 @@ _CLAIM_OR_GET = (
 )
 
 
-@contextlib.contextmanager
-def pg_floor_ops(url: str) -> Iterator[dict[str, Op]]:
-    """``claim+complete`` and ``claim-or-get`` on a store-created table of its own."""
+def pg_floor_fns(url: str, table: str) -> tuple[dict[str, Op], Any]:
+    """The PostgreSQL floor ops on an existing store-created ``table``, on a connection of
+    their own (returned, for the caller to close)."""
     import psycopg
 
-    from idempotent_tasks import SQLStore
-
-    from ._services import drop_store
-
-    store = SQLStore(url, table_prefix=f"floor_{uuid.uuid4().hex[:8]}")
-    store.create_schema()
-    table = f"{store.table_prefix}_records"
-    dsn = url.replace("postgresql+psycopg://", "postgresql://")
-    conn = psycopg.connect(dsn, autocommit=True)
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
     insert = _INSERT.format(t=table, p="%s")
     update = _UPDATE.format(t=table, p="%s")
     claim_or_get = _CLAIM_OR_GET.format(t=table)
-    tag = uuid.uuid4().hex[:6]
+    tag = f"floor-{uuid.uuid4().hex[:6]}"
 
     def first(i: int) -> None:
         key = f"{tag}-{i}"
@@ -78,11 +70,25 @@ def pg_floor_ops(url: str) -> Iterator[dict[str, Op]]:
             claim_or_get, ("t", "op", "done", _HASH, 8, 1.0, 1.0, 2.0, "t", "op", "done")
         ).fetchone()
 
-    first(-1)
-    conn.execute(insert, ("t", "op", "done", _HASH, 7, 1.0, 1.0, 2.0))
-    conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", "done", 7))
+    return {"claim+complete": first, "claim-or-get": replay}, conn
+
+
+@contextlib.contextmanager
+def pg_floor_ops(url: str) -> Iterator[dict[str, Op]]:
+    """``claim+complete`` and ``claim-or-get`` on a store-created table of its own."""
+    from idempotent_tasks import SQLStore
+
+    from ._services import drop_store
+
+    store = SQLStore(url, table_prefix=f"floor_{uuid.uuid4().hex[:8]}")
+    store.create_schema()
+    ops, conn = pg_floor_fns(url, f"{store.table_prefix}_records")
+    ops["claim+complete"](-1)
+    table = f"{store.table_prefix}_records"
+    conn.execute(_INSERT.format(t=table, p="%s"), ("t", "op", "done", _HASH, 7, 1.0, 1.0, 2.0))
+    conn.execute(_UPDATE.format(t=table, p="%s"), (_RESPONSE, 1.0, 9.0, "t", "op", "done", 7))
     try:
-        yield {"claim+complete": first, "claim-or-get": replay}
+        yield ops
     finally:
         with contextlib.suppress(Exception):
             conn.close()
@@ -95,14 +101,13 @@ return redis.call('GET', KEYS[1])
 """
 
 
-@contextlib.contextmanager
-def redis_floor_ops(url: str) -> Iterator[dict[str, Op]]:
-    """One EVALSHA claim-or-get + one ``SET XX``; the claim-or-get alone for replays."""
+def redis_floor_fns(url: str, prefix: str) -> tuple[dict[str, Op], Any]:
+    """The Redis floor ops on keys under ``prefix``, with a client of their own (returned,
+    for the caller to close)."""
     import redis
 
     client: Any = redis.Redis.from_url(url)
     script = client.register_script(_REDIS_CLAIM)
-    prefix = f"floor:{uuid.uuid4().hex[:8]}"
     processing = b"PROCESSING|" + _HASH.encode()
 
     def first(i: int) -> None:
@@ -113,14 +118,31 @@ def redis_floor_ops(url: str) -> Iterator[dict[str, Op]]:
     def replay(_: int) -> None:
         script(keys=[f"{prefix}:done"], args=[processing, 600_000])
 
-    first(-1)
+    return {"claim+complete": first, "claim-or-get": replay}, client
+
+
+@contextlib.contextmanager
+def redis_floor_ops(url: str) -> Iterator[dict[str, Op]]:
+    """One EVALSHA claim-or-get + one ``SET XX``; the claim-or-get alone for replays."""
+    prefix = f"floor:{uuid.uuid4().hex[:8]}"
+    ops, client = redis_floor_fns(url, prefix)
+    ops["claim+complete"](-1)
     client.set(f"{prefix}:done", b'SUCCESS|{"ok":true}', px=600_000)
     try:
-        yield {"claim+complete": first, "claim-or-get": replay}
+        yield ops
     finally:
         for k in client.scan_iter(f"{prefix}:*", count=1000):
             client.delete(k)
         client.close()
+
+
+def attached_floor(kind: str, prefix: str, url: str) -> Op:
+    """``claim+complete`` next to the records of an existing library store (its table, or
+    its key prefix), for a task that runs the floor inside a worker (``e2e.py``); the
+    store's own clean-up removes what it writes."""
+    if kind == "postgresql":
+        return pg_floor_fns(url, f"{prefix}_records")[0]["claim+complete"]
+    return redis_floor_fns(url, f"{prefix}:{{floor}}")[0]["claim+complete"]  # drop_schema's pattern
 
 
 @contextlib.contextmanager

@@ -4,7 +4,10 @@ Each probe interleaves, in one run, the floor, the store primitive alone, the sa
 work sent by hand (so Python and server costs separate), and ``execute()``:
 
 * Redis first delivery: floor | the store's own two Lua scripts sent by hand (keys built
-  as the store builds them) | ``RedisStore.create`` + ``mark_success`` | ``execute()``.
+  as the store builds them) | ``RedisStore.create`` + ``mark_success`` through the
+  client's ``execute_command`` (a pool checkout per call: the store before its held
+  per-thread connections) | the same on the store's held connection (as shipped) |
+  ``execute()``.
 * PostgreSQL replay: floor (``ON CONFLICT DO NOTHING`` CTE) | the store's claim statement on
   an existing SUCCESS row sent by hand | the same with ``DO NOTHING`` instead of the
   ``DO UPDATE … WHERE expired`` arm (the proposed fast path) | ``SQLStore.create`` |
@@ -12,8 +15,6 @@ work sent by hand (so Python and server costs separate), and ``execute()``:
   UPDATE`` locks the conflicting row even when its ``WHERE`` is false), which makes a replay a
   write transaction with a WAL flush at commit.
 * Handler overhead: ``execute()`` on ``MemoryStore`` with metrics on / off (pure Python).
-* End to end: Celery / Dramatiq on Redis as they are, and with the per-task read of the
-  retry counter removed (simulated by patching ``IdempotencyHandler._read_count`` here).
 * Consumers' batch mode: one ``create_many`` per batch, then one ``mark_success`` per
   message (as is) vs one batched completion per batch (the proposed ``mark_success_many``).
 """
@@ -23,10 +24,11 @@ from __future__ import annotations
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from idempotent_tasks import IdempotencyHandler, MemoryStore
+from idempotent_tasks import IdempotencyHandler, MemoryStore, RedisStore
 from idempotent_tasks._records import Scope
 
 from ._services import POSTGRES_DSN, POSTGRES_URL, REDIS_URL
@@ -61,10 +63,16 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
                 RESPONSE, now, now + 86400, store._gc_ms,
             )
 
-        def primitives(i: int) -> None:
-            scope = Scope("t", "bench", f"{tag}-st-{i}")
-            store.create(scope, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
-            store.mark_success(scope, token=7, response=RESPONSE, now=now, expires_at=now + 9e4)
+        pooled = RedisStore(REDIS_URL, prefix=store.prefix)
+        pooled._direct = None  # every call through client.execute_command
+
+        def primitives_on(s: RedisStore, label: str) -> Callable[[int], None]:
+            def op(i: int) -> None:
+                scope = Scope("t", "bench", f"{tag}-{label}-{i}")
+                s.create(scope, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
+                s.mark_success(scope, token=7, response=RESPONSE, now=now, expires_at=now + 9e4)
+
+            return op
 
         def execute(i: int) -> None:
             handler.execute(_body, operation="bench", tenant="t", key=f"{tag}-ex-{i}",
@@ -72,7 +80,8 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
 
         result = interleave(
             {"floor": floor["claim+complete"], "scripts by hand": scripts_by_hand,
-             "store create+mark_success": primitives, "execute()": execute},
+             "store, pooled client": primitives_on(pooled, "pool"),
+             "store create+mark_success": primitives_on(store, "st"), "execute()": execute},
             n,
         )
         return _table(result)
@@ -161,43 +170,12 @@ def _table(result: Any, reference: str = "floor") -> dict[str, Any]:
     }
 
 
-def run(n: int, e2e_n: int = 300, rounds: int = 3) -> dict[str, Any]:
+def run(n: int) -> dict[str, Any]:
     return {
         "redis first delivery": redis_first_delivery(n),
         "postgresql replay": pg_replay(n),
         "handler overhead (memory store, first delivery)": handler_overhead(n),
-        "e2e µs/task on redis (ratio: time per task vs as is)": e2e_counter_read(e2e_n, rounds),
         **batch_complete(max(n // 100, 5)),
-    }
-
-
-def e2e_counter_read(n: int, rounds: int) -> dict[str, Any]:
-    """The integrations read the lazily loaded retry counter of every fresh claim (Celery:
-    ``_retry_count`` for ``set_outcome``; Dramatiq: ``dataclasses.replace`` of the context in
-    ``_attach``), one extra store round trip per task.  Simulated fix, benchmark-side only:
-    ``IdempotencyHandler._read_count`` patched to return 0 without a store call.  Both
-    variants alternate within each round on the same Redis store."""
-    import statistics
-
-    from . import e2e
-
-    original = IdempotencyHandler._read_count
-    rates: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp, open_store("redis", Path(tmp)) as store:
-        for _ in range(rounds):
-            for fw, drain in e2e.FRAMEWORKS.items():
-                rates.setdefault(f"{fw} as is", []).append(drain(n, store, False))
-                IdempotencyHandler._read_count = lambda self, scope: 0  # type: ignore[method-assign]
-                try:
-                    rates.setdefault(f"{fw} without the counter read", []).append(
-                        drain(n, store, False))
-                finally:
-                    IdempotencyHandler._read_count = original  # type: ignore[method-assign]
-    medians = {k: statistics.median(v) for k, v in rates.items()}
-    return {
-        name: {"us": round(1e6 / rate, 2),
-               "ratio": round(medians[name.split(" ")[0] + " as is"] / rate, 3)}
-        for name, rate in medians.items()
     }
 
 
