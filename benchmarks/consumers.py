@@ -10,8 +10,9 @@ For each broker it measures, on the same broker in the same run:
   each message.  This is the floor.
 * ``<store>`` — the library's loop (``KafkaConsumerLoop`` / ``RabbitMQConsumerLoop``) with an
   :class:`IdempotentConsumer` on each available store (SQLite file, PostgreSQL, Redis), in
-  single mode (``batch_size=1``: claim + complete per message) and batch mode
-  (``batch_size=BATCH``: one ``create_many`` per batch).
+  single mode (``batch_size=1``: claim + complete per message), batch mode
+  (``batch_size=BATCH``: one ``create_many`` per batch, one completion per message) and batch
+  mode with ``batch_completion=True`` (one ``mark_success_many`` per batch as well).
 
 Throughput is messages/s from the first message received to the last outcome (group joins
 and connection set-up are excluded).  Kafka runs against ``KAFKA_BOOTSTRAP`` if set, else a
@@ -95,9 +96,10 @@ def open_store(kind: str) -> Iterator[Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _consumer(store: Any) -> IdempotentConsumer:
+def _consumer(store: Any, batch_completion: bool = False) -> IdempotentConsumer:
     handler = IdempotencyHandler(store, metrics=None)
-    return IdempotentConsumer(handler, operation="bench.consume", default_tenant="bench")
+    return IdempotentConsumer(handler, operation="bench.consume", default_tenant="bench",
+                              batch_completion=batch_completion)
 
 
 def _body(payload: Any) -> dict[str, Any]:
@@ -199,14 +201,15 @@ def kafka_raw(bootstrap: str, n: int, batch: int) -> float:
     return clock.rate()
 
 
-def kafka_ours(bootstrap: str, n: int, batch: int, kind: str) -> float:
+def kafka_ours(bootstrap: str, n: int, batch: int, kind: str, completion: bool = False) -> float:
     from idempotent_tasks.consumers.kafka import KafkaConsumerLoop
 
     topic = _kafka_topic(bootstrap, n)
     stop = threading.Event()
     clock = _Clock(n, stop)
     with open_store(kind) as store:
-        loop = KafkaConsumerLoop(_consumer(store), _kafka_conf(bootstrap), topics=[topic],
+        loop = KafkaConsumerLoop(_consumer(store, completion), _kafka_conf(bootstrap),
+                                 topics=[topic],
                                  batch_size=batch, on_outcome=clock, maintenance=False)
         loop.run(_body, stop=stop)
     return clock.rate()
@@ -258,7 +261,7 @@ def rabbit_raw(n: int, batch: int) -> float:
     return clock.rate()
 
 
-def rabbit_ours(n: int, batch: int, kind: str) -> float:
+def rabbit_ours(n: int, batch: int, kind: str, completion: bool = False) -> float:
     from idempotent_tasks.consumers.rabbitmq import RabbitMQConsumerLoop
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -267,7 +270,7 @@ def rabbit_ours(n: int, batch: int, kind: str) -> float:
     try:
         with open_store(kind) as store:
             loop = RabbitMQConsumerLoop(
-                _consumer(store), RABBITMQ_URL, queue=queue, batch_size=batch,
+                _consumer(store, completion), RABBITMQ_URL, queue=queue, batch_size=batch,
                 prefetch=max(batch, 32), on_outcome=clock, maintenance=False,
             )
             loop.declare()
@@ -299,6 +302,8 @@ def run(n: int = 2000) -> dict[str, Any]:
             results["kafka"][kind] = {
                 "single": _measure(partial(kafka_ours, bootstrap, n, 1, kind)),
                 "batch": _measure(partial(kafka_ours, bootstrap, n, BATCH, kind)),
+                "batch_completion": _measure(
+                    partial(kafka_ours, bootstrap, n, BATCH, kind, True)),
             }
     if _listening("127.0.0.1", 5672):
         results["rabbitmq"]["raw"] = {
@@ -309,6 +314,7 @@ def run(n: int = 2000) -> dict[str, Any]:
             results["rabbitmq"][kind] = {
                 "single": _measure(partial(rabbit_ours, n, 1, kind)),
                 "batch": _measure(partial(rabbit_ours, n, BATCH, kind)),
+                "batch_completion": _measure(partial(rabbit_ours, n, BATCH, kind, True)),
             }
     return results
 
@@ -317,17 +323,19 @@ def render(results: dict[str, Any]) -> str:
     lines = [f"consumer throughput, msgs/s (n={results['n']}, batch={results['batch_size']}); "
              "ratio = / raw of the same mode"]
     lines.append(f"{'broker':<9} {'dedup store':<12} {'single':>10} {'ratio':>7} "
-                 f"{'batch':>10} {'ratio':>7}")
+                 f"{'batch':>10} {'ratio':>7} {'batch+completion':>16} {'ratio':>7}")
     for broker in ("kafka", "rabbitmq"):
         raw = results[broker].get("raw", {})
         for kind, row in results[broker].items():
             cells = []
-            for mode in ("single", "batch"):
-                value, floor = row.get(mode), raw.get(mode)
+            for mode in ("single", "batch", "batch_completion"):
+                # batch_completion is a library option: the raw floor is the raw batch
+                value, floor = row.get(mode), raw.get("single" if mode == "single" else "batch")
                 ok = isinstance(value, float) and isinstance(floor, float) and floor > 0
                 ratio = f"{value / floor:.2f}" if ok else "-"
                 shown = value if isinstance(value, float) else "n/a"
-                cells.append(f"{shown:>10} {ratio:>7}")
+                width = 16 if mode == "batch_completion" else 10
+                cells.append(f"{shown:>{width}} {ratio:>7}")
             name = "none (raw)" if kind == "raw" else kind
             lines.append(f"{broker:<9} {name:<12} {' '.join(cells)}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import asyncio
 import datetime as dt
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import Token
 from dataclasses import dataclass, replace
 from functools import partial
@@ -33,7 +33,7 @@ from ._records import IdempotencyContext, LazyCountContext, Record, Scope, Statu
 from ._scope import validate_key, validate_operation, validate_tenant
 from ._serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, request_hash
 from .caches.base import Cache
-from .stores.base import Store
+from .stores.base import Store, SuccessWrite
 
 T = TypeVar("T")
 
@@ -489,14 +489,23 @@ class IdempotencyHandler:
 
             with self._running(call, claim):
                 return run_owned_in_transaction(self, call, claim.token, fn, permanent)
+        result = self.run_body(call, claim, fn, permanent)
+        done: T = self.complete(call, claim.token, result)
+        return done
+
+    def run_body(
+        self, call: Call, claim: Claim, fn: Callable[[], T], permanent: Permanent = ()
+    ) -> T:
+        """Only the body of a scope we own: a failure is recorded (``on_body_error``) and
+        re-raised; a result is returned *unrecorded* — for ``complete`` or, for a batch,
+        ``complete_many``."""
+        assert claim.token is not None, "run_body needs an owned claim"
         with self._running(call, claim):
             try:
-                result = fn()
+                return fn()
             except BaseException as exc:
                 self.on_body_error(call, claim.token, exc, permanent)
                 raise
-        done: T = self.complete(call, claim.token, result)
-        return done
 
     def _running(self, call: Call, claim: Claim) -> _Running:
         """Bind the context, and keep the lease alive while the body runs (if configured)."""
@@ -552,6 +561,44 @@ class IdempotencyHandler:
             call, "mark_success", self.store.mark_success, call.scope, token=token,
             response=encoded, now=now, expires_at=now + call.options.ttl,
         )
+        return self._completed(call, encoded, stored, now)
+
+    def complete_many(
+        self, done: Sequence[tuple[Call, int, Any]]
+    ) -> list[Any | IdempotencyError]:
+        """``complete`` for several owned scopes (distinct), their SUCCESS records written in
+        one store round trip (``Store.mark_success_many``).  Per item, in order: the value
+        ``complete`` would return, or the ``IdempotencyError`` it would raise."""
+        out: list[Any] = []
+        writes: list[SuccessWrite] = []
+        written: list[tuple[int, Call, bytes]] = []
+        now = self.clock()
+        for call, token, result in done:
+            try:
+                enc = self.encode_response(call, token, result)
+            except IdempotencyError as err:  # poisoned by encode_response
+                out.append(err)
+                continue
+            written.append((len(out), call, enc))
+            out.append(None)
+            writes.append(SuccessWrite(call.scope, token, enc, now + call.options.ttl))
+        if not writes:
+            return out
+        try:
+            stored = self._write_outcome(
+                written[0][1], "mark_success_many", self.store.mark_success_many, writes,
+                now=now,
+            )
+        except IdempotencyError as err:  # OUTCOME_NOT_RECORDED: the whole write failed
+            for i, call, _ in written:
+                out[i] = call.error(err.code, err.message)
+            return out
+        for (i, call, enc), ok in zip(written, stored, strict=True):
+            out[i] = self._completed(call, enc, ok, now)
+        return out
+
+    def _completed(self, call: Call, encoded: bytes, stored: bool, now: float) -> Any:
+        """After the SUCCESS write: the replayable value, metrics, log and cache."""
         value = self.serializer.loads(encoded)
         if not stored and not self._adopt_success(call, encoded):
             self.lease_lost(call)

@@ -580,3 +580,67 @@ def test_owner_paused_past_its_lease_and_released_by_recovery_records_its_result
     assert rec.retry_count == 1
     body = Counter("again")
     assert run(handler, body) == "ran once" and body.calls == 0
+
+
+# -- complete_many: a batch's successes in one store round trip -----------------------------
+def _owned(h: IdempotencyHandler, key: str) -> tuple[Any, Any]:
+    call = h.prepare("payments.charge", "acme", key, {"amount": 1}, True)
+    assert call is not None
+    claim = h.claim(call)
+    assert claim.owned
+    return call, claim
+
+
+def test_complete_many_records_every_success_in_one_store_call(
+    store: Store, clock: FakeClock
+) -> None:
+    faulty = FaultyStore(store)
+    h = make_handler(faulty, clock)
+    owned = [_owned(h, k) for k in ("a", "b", "c")]
+    faulty.calls.clear()
+    values = h.complete_many([(c, cl.token, {"key": c.scope.key, "t": (1, 2)}) for c, cl in owned])
+    assert values == [{"key": k, "t": [1, 2]} for k in "abc"]  # the replayable form
+    assert faulty.calls == ["mark_success_many"]
+    for key in "abc":
+        body = Counter()
+        assert run(h, body, key=key, payload={"amount": 1}) == {"key": key, "t": [1, 2]}
+        assert body.calls == 0
+
+
+def test_complete_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -> None:
+    h = make_handler(store, clock)
+    (ok, ok_claim), (bad, bad_claim), (stale, stale_claim) = (
+        _owned(h, k) for k in ("ok", "bad", "stale")
+    )
+    clock.advance(31)  # every lease expired; another attempt takes "stale" over
+    newer = h.claim(stale)
+    assert newer.owned and newer.token != stale_claim.token
+    values = h.complete_many([
+        (ok, ok_claim.token, 1), (bad, bad_claim.token, object()), (stale, stale_claim.token, 3),
+    ])
+    assert values[0] == 1
+    assert isinstance(values[1], IdempotencyError)
+    assert values[1].code is ErrorCode.RESPONSE_NOT_SERIALIZABLE
+    assert values[2] == 3  # a stale owner gets its body's result back and writes nothing
+    records = {k: h.get_record(operation="payments.charge", tenant="acme", key=k)
+               for k in ("ok", "bad", "stale")}
+    assert {k: r.status if r else None for k, r in records.items()} == {
+        "ok": Status.SUCCESS, "bad": Status.FAILED, "stale": Status.PROCESSING,
+    }
+    assert records["stale"] is not None and records["stale"].fencing_token == newer.token
+
+
+def test_complete_many_with_the_store_down_reports_each_scope_not_recorded(
+    store: Store, clock: FakeClock
+) -> None:
+    faulty = FaultyStore(store)
+    h = make_handler(faulty, clock)
+    owned = [_owned(h, k) for k in ("a", "b")]
+    faulty.fail("mark_success_many")
+    values = h.complete_many([(c, cl.token, 1) for c, cl in owned])
+    assert all(isinstance(v, IdempotencyError) for v in values)
+    assert [(v.code, v.key) for v in values] == [
+        (ErrorCode.OUTCOME_NOT_RECORDED, "a"), (ErrorCode.OUTCOME_NOT_RECORDED, "b"),
+    ]
+    faulty.heal()
+    assert h.complete_many([]) == []

@@ -8,12 +8,15 @@ raises for them; only programming errors (and ``BaseException`` such as ``Keyboa
 out of a body, after it was counted) propagate.
 
 ``process_batch`` claims every distinct scope of a batch with **one** ``store.create_many``
-round trip, then runs the bodies in message order.  Per message the outcome is the one
-``process`` would give when the messages are processed one after another: a DUPLICATE from
-the batch claim goes through the handler's own duplicate decision, and a scope that occurs
-twice in one batch is claimed by its first occurrence only — the later ones are handled as
-duplicates after the first one finished.  A crash mid-batch leaves every claimed scope
-PROCESSING; each lease then expires and the takeover counts one attempt per claimed message.
+round trip, then runs the bodies in message order, each outcome recorded as its body ends
+(or, with ``batch_completion=True``, the successes together after the batch's bodies with
+**one** ``store.mark_success_many``: ``handler.complete_many``).  Per message the outcome is
+the one ``process`` would give when the messages are processed one after another: a
+DUPLICATE from the batch claim goes through the handler's own duplicate decision, and a scope
+that occurs twice in one batch is claimed by its first occurrence only — the later ones are
+handled as duplicates after the first one is recorded.  A crash mid-batch leaves every
+claimed scope PROCESSING that was not recorded yet; each lease then expires and the takeover
+counts one attempt per such message.
 """
 
 from __future__ import annotations
@@ -56,6 +59,25 @@ class _Prepared:
     call: Call | None
 
 
+@dataclass(slots=True)
+class _Ran:
+    """A batch message (at ``index``) whose body returned; its success is not written yet."""
+
+    index: int
+    call: Call
+    claim: Claim
+    result: Any
+
+    @property
+    def token(self) -> int:
+        assert self.claim.token is not None
+        return self.claim.token
+
+    @property
+    def retry_count(self) -> int:
+        return self.claim.retry_count
+
+
 class _BodyRun:
     """Calls the user's body and remembers what *it* raised, so that errors of the body are
     told apart from the library's own refusals raised around it."""
@@ -82,6 +104,10 @@ class IdempotentConsumer:
     header, else ``default_tenant`` — never a silent shared default.  ``payload``: a function
     of the message, else the value decoded as JSON (``data`` of a structured CloudEvent).
     ``transactional=True`` runs ``fn(payload, conn)`` in the store's transaction (§2b).
+    ``batch_completion=True`` writes the successes of a ``process_batch`` call together,
+    after its bodies (one round trip instead of one per message): a crash between a body and
+    that write re-runs the body once its lease expires, so the at-least-once window of plain
+    bodies grows from one message to one batch.  Off by default.
     """
 
     def __init__(
@@ -100,6 +126,7 @@ class IdempotentConsumer:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        batch_completion: bool = False,
     ) -> None:
         if key is not None and not callable(key) and key != "coordinates":
             raise ConfigurationError("key must be None, 'coordinates' or a function of a Message")
@@ -108,7 +135,13 @@ class IdempotentConsumer:
                 f"transactional=True needs a SQLStore; {type(handler.store).__name__} cannot "
                 "share a transaction with the body"
             )
+        if batch_completion and transactional:
+            raise ConfigurationError(
+                "batch_completion=True cannot be combined with transactional=True: each "
+                "success commits with its own body's transaction"
+            )
         self.handler = handler
+        self.batch_completion = batch_completion
         self.operation = validate_operation(operation)
         self.default_tenant = None if default_tenant is None else validate_tenant(default_tenant)
         self.permanent = permanent
@@ -134,19 +167,24 @@ class IdempotentConsumer:
         return self._claim_and_run(prepared, fn)
 
     def process_batch(self, messages: Sequence[Message], fn: Body) -> list[Outcome]:
-        """``process`` for many messages, with one store round trip for all the claims."""
+        """``process`` for many messages, with one store round trip for all the claims (and,
+        with ``batch_completion=True``, one for all the successes)."""
         prepared = [self._prepare(m) for m in messages]
         firsts, calls = _first_occurrences(prepared)
         claims = self._claim_many(calls)
-        outcomes: list[Outcome] = []
+        outcomes: list[Outcome | None] = []
+        ran: list[_Ran] = []  # bodies that returned; their successes are written together
         for index, item in enumerate(prepared):
             if isinstance(item, Outcome):
                 outcomes.append(item)
             elif index in firsts:
-                outcomes.append(self._after_batch_claim(item, claims[firsts[index]], fn))
-            else:
+                claim = claims[firsts[index]]
+                outcomes.append(self._after_batch_claim(index, item, claim, fn, ran))
+            else:  # a later message of a scope: it must see its first one recorded
+                self._record_successes(ran, outcomes)
                 outcomes.append(self._claim_and_run(item, fn))
-        return outcomes
+        self._record_successes(ran, outcomes)
+        return [o for o in outcomes if o is not None]
 
     # ------------------------------------------------------------------ phases
     def _prepare(self, message: Message) -> _Prepared | Outcome:
@@ -207,14 +245,43 @@ class IdempotentConsumer:
             return err
 
     def _after_batch_claim(
-        self, prepared: _Prepared, claim: Claim | IdempotencyError | None, fn: Body
-    ) -> Outcome:
+        self,
+        index: int,
+        prepared: _Prepared,
+        claim: Claim | IdempotencyError | None,
+        fn: Body,
+        ran: list[_Ran],
+    ) -> Outcome | None:
+        """The message's outcome, or ``None`` when its body returned and its success joins
+        ``ran`` (written by ``_record_successes``)."""
+        call = prepared.call
+        assert call is not None
         if isinstance(claim, IdempotencyError):
-            assert prepared.call is not None
-            return _refused(prepared.call, claim)
+            return _refused(call, claim)
         if claim is None:
             return self._claim_and_run(prepared, fn)
-        return self._after_claim(prepared, claim, fn)
+        if not claim.owned or not self.batch_completion:
+            return self._after_claim(prepared, claim, fn)
+        body = _BodyRun(fn, prepared.resolved.payload)
+        try:
+            result = self.handler.run_body(call, claim, body, self.permanent)
+        except Exception as exc:
+            return self._run_failed(call, claim, body, exc)
+        ran.append(_Ran(index, call, claim, result))
+        return None
+
+    def _record_successes(self, ran: list[_Ran], outcomes: list[Outcome | None]) -> None:
+        """One ``complete_many`` for the bodies that returned; fills their outcomes."""
+        if not ran:
+            return
+        values = self.handler.complete_many([(r.call, r.token, r.result) for r in ran])
+        for r, value in zip(ran, values, strict=True):
+            outcomes[r.index] = (
+                _refused(r.call, value, r.retry_count)
+                if isinstance(value, IdempotencyError)
+                else _outcome(r.call, "executed", result=value, retry_count=r.retry_count)
+            )
+        ran.clear()
 
     def _after_claim(self, prepared: _Prepared, claim: Claim, fn: Body) -> Outcome:
         call = prepared.call
@@ -225,12 +292,17 @@ class IdempotentConsumer:
         try:
             result = self._run_owned(call, claim, body)
         except Exception as exc:
-            if body.error is exc:
-                return self._body_failed(call, exc, claim.retry_count)
-            if isinstance(exc, IdempotencyError):
-                return _refused(call, exc, claim.retry_count)
-            raise
+            return self._run_failed(call, claim, body, exc)
         return _outcome(call, "executed", result=result, retry_count=claim.retry_count)
+
+    def _run_failed(self, call: Call, claim: Claim, body: _BodyRun, exc: Exception) -> Outcome:
+        """The outcome of an owned run that raised: the body's own error (already counted
+        or poisoned by the handler) or a refusal of the library around it."""
+        if body.error is exc:
+            return self._body_failed(call, exc, claim.retry_count)
+        if isinstance(exc, IdempotencyError):
+            return _refused(call, exc, claim.retry_count)
+        raise exc
 
     def _run_owned(self, call: Call, claim: Claim, body: _BodyRun) -> Any:
         """The handler's run phase for an owned scope (what ``execute`` does after claim)."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
-from .base import ClaimRequest, FailureResult
+from .base import ClaimRequest, FailureResult, SuccessWrite
 
 _STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
 
@@ -101,6 +101,15 @@ class _Common:
 # -- helpers ----------------------------------------------------------------------------------
 def _scope_params(scope: Scope) -> dict[str, Any]:
     return {"tenant": scope.tenant, "operation": scope.operation, "key": scope.key}
+
+
+def _scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
+    """The scopes as three parallel arrays, for the set-based statements' ``unnest``."""
+    return {
+        "tenants": [s.tenant for s in scopes],
+        "operations": [s.operation for s in scopes],
+        "keys": [s.key for s in scopes],
+    }
 
 
 def _record(scope: Scope, row: Sequence[Any]) -> StoredRecord:
@@ -219,6 +228,16 @@ class _PostgresOps:
             f"LEFT JOIN {r} r ON ins.tenant IS NULL AND r.tenant = i.tenant "
             "AND r.operation = i.operation AND r.key = i.key ORDER BY i.ord"
         )
+        self._mark_success_many_sql = _pyformat(
+            "WITH input AS (SELECT * FROM unnest(:tenants::text[], :operations::text[], "
+            ":keys::text[], :tokens::bigint[], :responses::bytea[], :expires::float8[]) "
+            "AS i(tenant, operation, key, fencing_token, response, expires_at)) "
+            f"UPDATE {r} AS r SET status = 'SUCCESS', response = i.response, "
+            "updated_at = :now, lease_expires_at = NULL, expires_at = i.expires_at "
+            "FROM input i WHERE r.tenant = i.tenant AND r.operation = i.operation "
+            "AND r.key = i.key AND r.status = 'PROCESSING' "
+            "AND r.fencing_token = i.fencing_token RETURNING r.tenant, r.operation, r.key"
+        )
         bump = (
             f"INSERT INTO {c} AS c (tenant, operation, key, count, updated_at) "
             "SELECT :tenant, :operation, :key, 1, :now FROM {src} "
@@ -273,15 +292,11 @@ class _PostgresOps:
     def create_many(
         self, cur: Any, claims: Sequence[ClaimRequest], now: float, lease: float
     ) -> list[CreateResult | None]:
-        params = {
-            "tenants": [c.scope.tenant for c in claims],
-            "operations": [c.scope.operation for c in claims],
-            "keys": [c.scope.key for c in claims],
-            "hashes": [c.request_hash for c in claims],
-            "tokens": [c.token for c in claims],
-            "now": now,
-            "lease": lease,
-        }
+        params = _scope_arrays([c.scope for c in claims])
+        params.update(
+            hashes=[c.request_hash for c in claims], tokens=[c.token for c in claims],
+            now=now, lease=lease,
+        )
         cur.execute(self._create_many_sql, params)
         results: list[CreateResult | None] = []
         for claim, row in zip(claims, cur.fetchall(), strict=True):
@@ -293,6 +308,19 @@ class _PostgresOps:
             else:
                 results.append(_live_duplicate(claim.scope, row[2:], now))
         return results
+
+    def mark_success_many(
+        self, cur: Any, writes: Sequence[SuccessWrite], now: float
+    ) -> list[bool]:
+        """One set-based ``UPDATE``, each row conditional on its own status and token."""
+        params = _scope_arrays([w.scope for w in writes])
+        params.update(
+            tokens=[w.token for w in writes], responses=[w.response for w in writes],
+            expires=[w.expires_at for w in writes], now=now,
+        )
+        cur.execute(self._mark_success_many_sql, params)
+        done = {Scope(*row) for row in cur.fetchall()}
+        return [w.scope in done for w in writes]
 
     def take_over(self, cur: Any, p: Mapping[str, Any]) -> int | None:
         row = _one(cur, self._take_over_sql, p)
@@ -378,6 +406,20 @@ class _SQLiteOps:
         ]
         cur.execute("COMMIT")
         return results
+
+    def mark_success_many(
+        self, cur: Any, writes: Sequence[SuccessWrite], now: float
+    ) -> list[bool]:
+        """Every conditional ``UPDATE`` in one transaction (one commit)."""
+        cur.execute(self.begin)
+        done = []
+        for w in writes:
+            p = _scope_params(w.scope)
+            p.update(token=w.token, response=w.response, now=now, expires_at=w.expires_at)
+            cur.execute(self._c.mark_success, p)
+            done.append(cur.rowcount == 1)
+        cur.execute("COMMIT")
+        return done
 
     def take_over(self, cur: Any, p: Mapping[str, Any]) -> int | None:
         cur.execute(self.begin)

@@ -38,7 +38,14 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.CheckConstraint(
             "status IN ('PROCESSING', 'SUCCESS', 'FAILED')", name=f"{prefix}_records_status_ck"
         ),
-        sa.Index(f"{prefix}_records_stuck_idx", "status", "lease_expires_at"),
+        # Recovery's scan (find_stuck): PROCESSING records oldest first.  Partial, so only
+        # records in flight have entries (a completed record leaves it), and the
+        # ORDER BY … LIMIT stops after ``limit`` expired leases however many are stuck.
+        sa.Index(
+            f"{prefix}_records_processing_idx", "updated_at", "tenant", "operation", "key",
+            postgresql_where=sa.text("status = 'PROCESSING'"),
+            sqlite_where=sa.text("status = 'PROCESSING'"),
+        ),
         sa.Index(f"{prefix}_records_expires_idx", "expires_at"),
     )
     sa.Table(
@@ -61,6 +68,17 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.PrimaryKeyConstraint("name", name=f"{prefix}_locks_pkey"),
     )
     return md
+
+
+def create_missing_indexes(conn: sa.Connection, metadata: sa.MetaData) -> None:
+    """Indexes of ``metadata`` that an existing table lacks (a schema made by an earlier
+    version): ``create_all`` only indexes the tables it creates itself."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name not in present:
+                index.create(conn)
 
 
 def _refuse_mismatch(table: sa.Table, inspector: sa.Inspector) -> None:

@@ -43,6 +43,16 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SuccessWrite:
+    """One scope to complete in ``mark_success_many``."""
+
+    scope: Scope
+    token: int
+    response: bytes
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class FailureResult:
     """What ``record_failure`` did: the counter after the increment, and whether the record
     was poisoned (FAILED) rather than released (deleted)."""
@@ -99,6 +109,12 @@ class Store(Protocol):
         self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
     ) -> bool:
         """PROCESSING + token → SUCCESS with ``response``; False when the condition failed."""
+        ...
+
+    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
+        """``mark_success`` for many scopes in one round trip where the backend allows;
+        results in the order of ``writes``.  Each write is individually conditional on its
+        own status and token.  Scopes in one call are distinct (the caller de-duplicates)."""
         ...
 
     def mark_failed(

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
-from .base import ClaimRequest, FailureResult
+from .base import ClaimRequest, FailureResult, SuccessWrite
 
 
 @dataclasses.dataclass(slots=True)
@@ -130,6 +130,14 @@ class MemoryStore:
                 expires_at=expires_at,
             )
             return True
+
+    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
+        return [
+            self.mark_success(
+                w.scope, token=w.token, response=w.response, now=now, expires_at=w.expires_at
+            )
+            for w in writes
+        ]
 
     def mark_failed(
         self,

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 from .._errors import IdempotencyError, StoreUnavailableError
 from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
 from ._redis_direct import thread_connections
-from .base import ClaimRequest, FailureResult
+from .base import ClaimRequest, FailureResult, SuccessWrite
 
 if TYPE_CHECKING:
     import redis
@@ -476,6 +476,23 @@ class RedisStore:
             return bool(self._eval(self._mark_success, keys, args))
         except self._errors as exc:
             raise _unavailable("mark_success", exc, scope) from exc
+
+    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
+        """``mark_success.lua`` once per write, all in one pipeline (each call stays atomic
+        and conditional on its own token)."""
+        if not writes:
+            return []
+        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
+        for w in writes:
+            k = self._keys(w.scope)
+            calls.append((
+                (k.record, k.counter, k.processing, k.finished),
+                (w.token, w.response, now, w.expires_at, self._gc_ms),
+            ))
+        try:
+            return [bool(r) for r in self._eval_many(self._mark_success, calls)]
+        except self._errors as exc:
+            raise _unavailable("mark_success_many", exc) from exc
 
     def mark_failed(
         self,

@@ -53,7 +53,8 @@ Schema (PostgreSQL flavour; ``create_schema()`` emits exactly this with the defa
         CONSTRAINT idempotency_records_status_ck
             CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAILED'))
     );
-    CREATE INDEX idempotency_records_stuck_idx ON idempotency_records (status, lease_expires_at);
+    CREATE INDEX idempotency_records_processing_idx
+        ON idempotency_records (updated_at, tenant, operation, key) WHERE status = 'PROCESSING';
     CREATE INDEX idempotency_records_expires_idx ON idempotency_records (expires_at);
 
     CREATE TABLE idempotency_retry_counters (
@@ -115,8 +116,13 @@ from ._sql_dialects import (
     _scoped_record,
     _SQLiteOps,
 )
-from ._sql_schema import DEFAULT_TABLE_PREFIX, _refuse_mismatch, build_metadata
-from .base import BodyTransaction, ClaimRequest, FailureResult
+from ._sql_schema import (
+    DEFAULT_TABLE_PREFIX,
+    _refuse_mismatch,
+    build_metadata,
+    create_missing_indexes,
+)
+from .base import BodyTransaction, ClaimRequest, FailureResult, SuccessWrite
 
 __all__ = ["DEFAULT_TABLE_PREFIX", "POSTGRESQL_DDL", "SQLStore", "build_metadata"]
 
@@ -369,6 +375,13 @@ class SQLStore:
         p.update(token=token, response=response, now=now, expires_at=expires_at)
         return self._rowcount("mark_success", self._common.mark_success, p) == 1
 
+    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
+        if not writes:
+            return []
+        return self._run(
+            "mark_success_many", lambda cur: self._ops.mark_success_many(cur, writes, now)
+        )
+
     def mark_failed(
         self,
         scope: Scope,
@@ -487,6 +500,7 @@ class SQLStore:
                 if inspector.has_table(table.name):
                     _refuse_mismatch(table, inspector)
             self._metadata.create_all(conn, checkfirst=True)
+            create_missing_indexes(conn, self._metadata)
             trans.commit()
 
     def drop_schema(self) -> None:

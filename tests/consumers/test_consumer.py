@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from idempotent_tasks import (
     ErrorCode,
     IdempotencyHandler,
     MemoryStore,
+    SQLStore,
+    Status,
     current_context,
 )
 from idempotent_tasks.consumers import IdempotentConsumer, Message, Outcome
@@ -446,8 +449,9 @@ def _summary(outcomes: list[Outcome]) -> list[tuple[Any, ...]]:
     return [(o.kind, o.result, o.error_code, o.error, o.tenant, o.key) for o in outcomes]
 
 
-def test_batch_outcomes_equal_sequential_outcomes() -> None:
-    single, batch = make(), make()
+@pytest.mark.parametrize("batch_completion", [False, True])
+def test_batch_outcomes_equal_sequential_outcomes(batch_completion: bool) -> None:
+    single, batch = make(), make(batch_completion=batch_completion)
     for consumer in (single, batch):
         consumer.process(msg({"i": 5}, "old"), lambda p: "from-before")
     single_body, batch_body = _scripted_body(), _scripted_body()
@@ -470,18 +474,24 @@ def test_batch_outcomes_equal_sequential_outcomes() -> None:
     assert not again_body.runs
 
 
-def test_batch_claims_in_one_store_round_trip() -> None:
+@pytest.mark.parametrize(
+    ("batch_completion", "writes"),
+    [(False, ["mark_success"] * 20), (True, ["mark_success_many"])],  # 20 successes
+)
+def test_batch_claims_in_one_store_round_trip(batch_completion: bool, writes: list[str]) -> None:
     store = FaultyStore(MemoryStore())
-    consumer = make(store)
+    consumer = make(store, batch_completion=batch_completion)
     messages = [msg({"i": i}, f"k{i}") for i in range(20)] + [msg({"i": 0}, "k0")]
     outcomes = consumer.process_batch(messages, lambda p: p["i"])
     assert [o.kind for o in outcomes] == ["executed"] * 20 + ["replayed"]
     claims = [c for c in store.calls if c in ("create", "create_many", "get")]
     assert claims == ["create_many", "create"]  # the in-batch duplicate replays afterwards
+    assert [c for c in store.calls if c.startswith("mark_")] == writes
 
 
-def test_batch_claims_every_scope_before_running_bodies() -> None:
-    consumer = make()
+@pytest.mark.parametrize("batch_completion", [False, True])
+def test_batch_claims_every_scope_before_running_bodies(batch_completion: bool) -> None:
+    consumer = make(batch_completion=batch_completion)
     seen: list[list[str]] = []
 
     def body(payload: Any) -> int:
@@ -492,9 +502,44 @@ def test_batch_claims_every_scope_before_running_bodies() -> None:
         seen.append(states)
         return 1
 
-    consumer.process_batch([msg({"i": i}, f"k{i}") for i in range(3)], body)
-    assert seen[0] == ["PROCESSING", "PROCESSING", "PROCESSING"]
-    assert seen[2] == ["SUCCESS", "SUCCESS", "PROCESSING"]
+    outcomes = consumer.process_batch([msg({"i": i}, f"k{i}") for i in range(3)], body)
+    assert seen[0] == ["PROCESSING"] * 3
+    # each success is written as its body ends, or all of them after the batch's bodies
+    assert seen[2] == ["PROCESSING"] * 3 if batch_completion else ["SUCCESS", "SUCCESS", "PROCESSING"]
+    assert [o.kind for o in outcomes] == ["executed"] * 3
+    after = [consumer.handler.get_record(operation="orders.created", tenant="acme", key=f"k{i}")
+             for i in range(3)]
+    assert [r.status.value if r else "-" for r in after] == ["SUCCESS"] * 3
+
+
+def test_batch_completion_records_successes_before_a_later_message_of_the_same_scope() -> None:
+    store = FaultyStore(MemoryStore())
+    consumer = make(store, batch_completion=True)
+    body = Recorder()
+    messages = [msg({"i": 0}, "k0"), msg({"i": 1}, "k1"), msg({"i": 0}, "k0"), msg({"i": 2}, "k2")]
+    outcomes = consumer.process_batch(messages, body)
+    assert [o.kind for o in outcomes] == ["executed", "executed", "replayed", "executed"]
+    assert [o.result for o in outcomes] == [{"ok": {"i": i}} for i in (0, 1, 0, 2)]
+    assert [c for c in store.calls if c.startswith("mark_")] == ["mark_success_many"] * 2
+    assert sum(body.runs.values()) == 3
+
+
+def test_batch_completion_failing_leaves_its_scopes_to_the_lease() -> None:
+    """The bodies ran but their successes could not be written: every one of them is
+    ``store_unavailable`` (not acked), failures already recorded stay recorded."""
+    store = FaultyStore(MemoryStore())
+    consumer = make(store, batch_completion=True)
+    body = _scripted_body()
+    store.fail("mark_success_many")
+    outcomes = consumer.process_batch(
+        [msg({"i": 1}, "a"), msg({"i": 3}, "poison"), msg({"i": 2}, "b")], body
+    )
+    assert [(o.kind, o.key) for o in outcomes] == [
+        ("store_unavailable", "a"), ("poisoned", "poison"), ("store_unavailable", "b"),
+    ]
+    assert all(o.error_code is ErrorCode.OUTCOME_NOT_RECORDED for o in (outcomes[0], outcomes[2]))
+    rec = consumer.handler.get_record(operation="orders.created", tenant="acme", key="a")
+    assert rec is not None and rec.status is Status.PROCESSING
 
 
 def test_batch_with_store_down_runs_nothing() -> None:
@@ -514,7 +559,7 @@ def test_crash_mid_batch_counts_one_attempt_per_claimed_message() -> None:
     clock = FakeClock()
     store = FaultyStore(MemoryStore())
     consumer = make(store, clock)
-    store.fail("mark_success", "record_failure", "mark_failed", "release")
+    store.fail("mark_success", "mark_success_many", "record_failure", "mark_failed", "release")
     messages = [msg({"i": i}, f"k{i}") for i in range(4)]
     first = consumer.process_batch(messages, lambda p: p["i"])
     assert [o.kind for o in first] == ["store_unavailable"] * 4
@@ -532,6 +577,14 @@ def test_crash_mid_batch_counts_one_attempt_per_claimed_message() -> None:
 
 def test_empty_batch() -> None:
     assert make().process_batch([], lambda p: p) == []
+    assert make(batch_completion=True).process_batch([], lambda p: p) == []
+
+
+def test_batch_completion_refuses_transactional(tmp_path: Path) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'idem.db'}")
+    with pytest.raises(ConfigurationError) as info:
+        make(store, batch_completion=True, transactional=True)
+    assert "batch_completion" in info.value.message
 
 
 # --------------------------------------------------------------------------- small pieces

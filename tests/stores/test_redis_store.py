@@ -23,7 +23,7 @@ import pytest
 
 from idempotent_tasks import ErrorCode, IdempotencyError, StoreUnavailableError
 from idempotent_tasks._records import Scope, Status
-from idempotent_tasks.stores.base import ClaimRequest, Store
+from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 from idempotent_tasks.stores.redis import RedisStore, driver_errors
 
 from .._services import REDIS_URL, require
@@ -131,6 +131,9 @@ CALLS: dict[str, Callable[[Store], object]] = {
     ),
     "heartbeat": lambda s: s.heartbeat(S, token=1, now=NOW, lease_expires_at=NOW + 1),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
+    "mark_success_many": lambda s: s.mark_success_many(
+        [SuccessWrite(S, 1, b"1", NOW), SuccessWrite(Scope("a", "b", "c"), 2, b"2", NOW)], now=NOW
+    ),
     "mark_failed": lambda s: s.mark_failed(S, token=1, now=NOW, expires_at=NOW),
     "release": lambda s: s.release(S, token=1),
     "record_failure": lambda s: s.record_failure(

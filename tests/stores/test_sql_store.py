@@ -111,6 +111,29 @@ def test_schema_mismatch_is_refused_naming_table_and_columns(kind: str, tmp_path
         engine.dispose()
 
 
+def test_create_schema_adds_the_indexes_an_older_schema_lacks(kind: str, tmp_path: Path) -> None:
+    """A records table made before the partial PROCESSING index existed gets it."""
+    url, prefix = sql_url(kind, tmp_path), unique_prefix("ix")
+    store = SQLStore(url, table_prefix=prefix)
+    try:
+        store.create_schema()
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP INDEX {prefix}_records_processing_idx")
+            conn.exec_driver_sql(  # the index earlier versions created instead
+                f"CREATE INDEX {prefix}_records_stuck_idx ON {prefix}_records "
+                "(status, lease_expires_at)"
+            )
+        assert claim(store)
+        store.create_schema()
+        names = {i["name"] for i in sa.inspect(store.engine).get_indexes(f"{prefix}_records")}
+        assert f"{prefix}_records_processing_idx" in names
+        assert not claim(store, token=2)  # the data is untouched
+        store.create_schema()  # and running it again changes nothing
+    finally:
+        store.drop_schema()
+        store.close()
+
+
 def test_create_schema_concurrently_from_many_threads(kind: str, tmp_path: Path) -> None:
     url, prefix = sql_url(kind, tmp_path), unique_prefix("cc")
     stores = [SQLStore(url, table_prefix=prefix) for _ in range(4)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from idempotent_tasks._records import Scope, Status
-from idempotent_tasks.stores.base import ClaimRequest, Store
+from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 
 NOW = 1_700_000_000.0
 LEASE = NOW + 30
@@ -177,6 +177,33 @@ def test_create_many_mixes_created_and_duplicates(store: Store) -> None:
     assert [r.created for r in results] == [True, False, True]
     assert [r.record.scope.key for r in results] == ["a", "b", "c"]
     assert results[1].record.fencing_token == 9
+
+
+def test_mark_success_many_writes_each_owned_scope_and_refuses_the_rest(store: Store) -> None:
+    ours, stale, done, absent = (Scope("acme", "op", k) for k in ("ours", "stale", "done", "absent"))
+    nasty = Scope("a:b|{c}", "op'; --", "k\x7f€")
+    for scope, token in ((ours, 1), (stale, 2), (done, 3), (nasty, 4)):
+        claim(store, scope, token=token)
+    assert store.mark_success(done, token=3, response=b"first", now=NOW, expires_at=NOW + 9)
+    writes = [
+        SuccessWrite(ours, 1, b'{"n":1}', NOW + 50),
+        SuccessWrite(stale, 99, b"stale", NOW + 50),  # another attempt's token
+        SuccessWrite(done, 3, b"again", NOW + 50),  # no longer PROCESSING
+        SuccessWrite(absent, 5, b"none", NOW + 50),
+        SuccessWrite(nasty, 4, b"\x00\xff", NOW + 60),
+    ]
+    assert store.mark_success_many(writes, now=NOW + 1) == [True, False, False, False, True]
+    got = store.get(ours)
+    assert got is not None and got.status is Status.SUCCESS and got.response == b'{"n":1}'
+    assert got.updated_at == NOW + 1 and got.expires_at == NOW + 50 and got.lease_expires_at is None
+    other = store.get(nasty)
+    assert other is not None and other.response == b"\x00\xff" and other.expires_at == NOW + 60
+    still = store.get(stale)
+    assert still is not None and still.status is Status.PROCESSING and still.fencing_token == 2
+    kept = store.get(done)
+    assert kept is not None and kept.response == b"first"
+    assert store.get(absent) is None
+    assert store.mark_success_many([], now=NOW) == []
 
 
 def test_find_stuck_and_heartbeat_filter(store: Store) -> None:
