@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,12 +50,34 @@ _CLAIM_OR_GET = (
 )
 
 
-def pg_floor_fns(url: str, table: str) -> tuple[dict[str, Op], Any]:
-    """The PostgreSQL floor ops on an existing store-created ``table``, on a connection of
-    their own (returned, for the caller to close)."""
-    import psycopg
+class _ThreadConnections:
+    """One autocommit psycopg connection per calling thread (a worker with several threads
+    must not serialise the floor on one connection; the store has one per thread too)."""
 
-    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+    def __init__(self, url: str) -> None:
+        self._dsn = url.replace("postgresql+psycopg://", "postgresql://")
+        self._local = threading.local()
+        self._all: list[Any] = []
+
+    def __call__(self) -> Any:
+        import psycopg
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = psycopg.connect(self._dsn, autocommit=True)
+            self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        for conn in self._all:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def pg_floor_fns(url: str, table: str) -> tuple[dict[str, Op], _ThreadConnections]:
+    """The PostgreSQL floor ops on an existing store-created ``table``, on connections of
+    their own (returned, for the caller to close)."""
+    conns = _ThreadConnections(url)
     insert = _INSERT.format(t=table, p="%s")
     update = _UPDATE.format(t=table, p="%s")
     claim_or_get = _CLAIM_OR_GET.format(t=table)
@@ -62,15 +85,16 @@ def pg_floor_fns(url: str, table: str) -> tuple[dict[str, Op], Any]:
 
     def first(i: int) -> None:
         key = f"{tag}-{i}"
+        conn = conns()
         conn.execute(insert, ("t", "op", key, _HASH, 7, 1.0, 1.0, 2.0)).fetchone()
         conn.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", key, 7))
 
     def replay(_: int) -> None:
-        conn.execute(
+        conns().execute(
             claim_or_get, ("t", "op", "done", _HASH, 8, 1.0, 1.0, 2.0, "t", "op", "done")
         ).fetchone()
 
-    return {"claim+complete": first, "claim-or-get": replay}, conn
+    return {"claim+complete": first, "claim-or-get": replay}, conns
 
 
 @contextlib.contextmanager
@@ -82,16 +106,16 @@ def pg_floor_ops(url: str) -> Iterator[dict[str, Op]]:
 
     store = SQLStore(url, table_prefix=f"floor_{uuid.uuid4().hex[:8]}")
     store.create_schema()
-    ops, conn = pg_floor_fns(url, f"{store.table_prefix}_records")
+    ops, conns = pg_floor_fns(url, f"{store.table_prefix}_records")
     ops["claim+complete"](-1)
     table = f"{store.table_prefix}_records"
+    conn = conns()
     conn.execute(_INSERT.format(t=table, p="%s"), ("t", "op", "done", _HASH, 7, 1.0, 1.0, 2.0))
     conn.execute(_UPDATE.format(t=table, p="%s"), (_RESPONSE, 1.0, 9.0, "t", "op", "done", 7))
     try:
         yield ops
     finally:
-        with contextlib.suppress(Exception):
-            conn.close()
+        conns.close()
         drop_store(store, "postgresql", store.table_prefix)
 
 

@@ -8,13 +8,14 @@ work sent by hand (so Python and server costs separate), and ``execute()``:
   client's ``execute_command`` (a pool checkout per call: the store before its held
   per-thread connections) | the same on the store's held connection (as shipped) |
   ``execute()``.
-* PostgreSQL replay: floor (``ON CONFLICT DO NOTHING`` CTE) | the store's claim statement on
-  an existing SUCCESS row sent by hand | the same with ``DO NOTHING`` instead of the
-  ``DO UPDATE … WHERE expired`` arm (the store's fast path) | ``SQLStore.create`` |
-  ``execute()``.  The store's former statement took a row lock on every duplicate (``ON
-  CONFLICT DO UPDATE`` locks the conflicting row even when its ``WHERE`` is false), which
-  made a replay a write transaction with a WAL flush at commit; the store now claims with
-  ``DO NOTHING`` and replaces only expired records in a second statement.
+* PostgreSQL replay: floor (``ON CONFLICT DO NOTHING`` CTE) | the store's replacing
+  statement (``DO UPDATE … WHERE expired``, run only for expired records) on an existing
+  SUCCESS row, sent by hand | the same with ``DO NOTHING`` (the store's hot statement) |
+  ``SQLStore.create`` | ``execute()``.  The store's former statement took a row lock on
+  every duplicate (``ON CONFLICT DO UPDATE`` locks the conflicting row even when its
+  ``WHERE`` is false), which made a replay a write transaction with a WAL flush at commit;
+  the store now claims with ``DO NOTHING`` and replaces only expired records in a second
+  statement.
 * Handler overhead: ``execute()`` on ``MemoryStore`` with metrics on / off (pure Python).
 * Consumers' batch mode: one ``create_many`` per batch, then one ``mark_success`` per
   message (single completions) vs one ``mark_success_many`` per batch (as shipped).
@@ -125,8 +126,8 @@ def pg_replay(n: int) -> dict[str, Any]:
 
         try:
             result = interleave(
-                {"floor": floor["claim-or-get"], "store SQL by hand": by_hand,
-                 "same, DO NOTHING arm": do_nothing, "SQLStore.create": create,
+                {"floor": floor["claim-or-get"], "replacing statement by hand": by_hand,
+                 "hot statement by hand": do_nothing, "SQLStore.create": create,
                  "execute()": execute},
                 n,
             )
