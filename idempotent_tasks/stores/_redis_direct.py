@@ -16,11 +16,14 @@ reconnects; only the per-call checkout and dispatch are skipped.
 * Threads: a connection is used by its own thread only; it is closed when its thread ends
   (the thread-local is released) or by :meth:`close`.
 * Fork: a child process never uses its parent's socket; it opens its own on first use.
+* Not used under gevent or eventlet monkey-patching (a greenlet per task would connect once
+  per task): the store then goes through the client's pool as before.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -65,12 +68,27 @@ class ThreadConnections:
 def thread_connections(client: Any) -> ThreadConnections | None:
     """Held connections for a standalone ``redis.Redis`` with a plain connection pool;
     ``None`` (use the client as is) for Cluster, Sentinel, blocking or client-side-caching
-    pools, whose connections the pool must manage itself."""
+    pools, whose connections the pool must manage itself, and under gevent or eventlet
+    monkey-patching, where a "thread" is a greenlet that may live for one task only."""
     import redis
 
     pool = getattr(client, "connection_pool", None)
     if not isinstance(client, redis.Redis) or type(pool) is not redis.ConnectionPool:
         return None
+    if green_threads():
+        return None
     if getattr(pool, "cache", None) is not None:
         return None
     return ThreadConnections(pool.connection_class, pool.connection_kwargs)
+
+
+def green_threads() -> bool:
+    """Is ``threading`` monkey-patched into greenlets (gevent, eventlet)?  Then a held
+    connection per "thread" would be one connect and disconnect per short-lived greenlet."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        return True
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    return bool(
+        eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("thread")
+    )

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -487,6 +488,29 @@ def test_close_disconnects_the_held_connections_and_the_store_reconnects(
     rstore.close()
     assert not claim(rstore, token=2).created
     assert _connection_id(rstore) != before
+
+
+@pytest.mark.parametrize(
+    ("module", "check", "patched_name"),
+    [("gevent.monkey", "is_module_patched", "threading"),
+     ("eventlet.patcher", "is_monkey_patched", "thread")],
+)
+def test_green_threads_keep_the_pooled_client(
+    monkeypatch: pytest.MonkeyPatch, module: str, check: str, patched_name: str
+) -> None:
+    """Under gevent/eventlet a "thread" is a greenlet per task: no held connections then.
+    (Neither library is installed here; a stand-in module answers the same question.)"""
+    require("redis")
+    stand_in = types.ModuleType(module)
+    setattr(stand_in, check, lambda name: name == patched_name)
+    monkeypatch.setitem(sys.modules, module, stand_in)
+    store = RedisStore(REDIS_URL, prefix=f"rt_{uuid.uuid4().hex[:10]}")
+    try:
+        assert store._direct is None
+        assert claim(store).created  # and the client path works as ever
+    finally:
+        store.drop_schema()
+        store.close()
 
 
 def test_only_plain_pools_get_held_connections() -> None:
