@@ -23,6 +23,7 @@ import celery
 import structlog
 from celery.exceptions import Ignore, Reject
 
+from .._context import current_context
 from .._errors import ErrorCode, IdempotencyError, InvalidInputError
 from .._handler import Call, IdempotencyHandler, Permanent, Seconds
 from .._records import IdempotencyContext
@@ -320,8 +321,6 @@ def _execute(delivery: Delivery, call: Call | None) -> Any:
 
 def _body(delivery: Delivery, conn: Any) -> Any:
     """The task's own code, with the context on the request and the connection published."""
-    from .._context import current_context
-
     task = delivery.task
     delivery.ran = True
     delivery.context = current_context()
@@ -333,7 +332,9 @@ def _body(delivery: Delivery, conn: Any) -> Any:
     if conn is not None and _accepts_conn(task):
         kwargs = {**kwargs, "conn": conn}
     try:
-        return super(IdempotentTask, task).__call__(*delivery.args, **kwargs)
+        # The worker's tracer has already pushed this task and its request, so the body runs
+        # as Celery runs a task without a custom __call__: ``run`` itself.
+        return task.run(*delivery.args, **kwargs)
     except BaseException as exc:
         delivery.body_error = exc
         raise
