@@ -7,6 +7,7 @@ import itertools
 import math
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -205,11 +206,32 @@ def _sqlite_configure(dbapi: Any, info: dict[Any, Any], timeout: float) -> None:
     if info.get("idempotent_tasks_sqlite"):
         return
     dbapi.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-    mode = dbapi.execute("PRAGMA journal_mode").fetchone()
-    if mode is None or str(mode[0]).lower() != "wal":
-        dbapi.execute("PRAGMA journal_mode = WAL").fetchall()
+    _enable_wal(dbapi, timeout)
     dbapi.execute("PRAGMA synchronous = NORMAL")
     info["idempotent_tasks_sqlite"] = True
+
+
+#: How the WAL switch waits between attempts (a module attribute, so tests can watch it).
+_wait: Callable[[float], None] = time.sleep
+
+
+def _enable_wal(dbapi: Any, timeout: float) -> None:
+    """Switch a new database file to WAL.  The switch needs the exclusive lock and fails at
+    once, without the busy handler, while another connection holds a lock (several stores
+    opening the same new file together do): it is tried again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            mode = dbapi.execute("PRAGMA journal_mode").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                dbapi.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        _wait(delay)
+        delay = min(delay * 2, 0.1)
 
 
 def _dialect_name(engine: Engine) -> str:

@@ -4,10 +4,12 @@ PostgreSQL (stopped and restarted mid-test), SQLite shared by several OS process
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import threading
 import time
@@ -131,6 +133,53 @@ def test_create_schema_adds_the_indexes_an_older_schema_lacks(kind: str, tmp_pat
         store.create_schema()  # and running it again changes nothing
     finally:
         store.drop_schema()
+        store.close()
+
+
+def test_sqlite_wal_switch_waits_for_a_connection_holding_a_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Switching a new file to WAL fails at once (no busy handler) while another connection
+    holds a lock — as when several stores open one new file together.  The store tries
+    again instead of failing: forced here by a writer that lets go only once the store has
+    met its lock."""
+    from idempotent_tasks.stores import _sql_connections
+
+    db = tmp_path / "idem.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("CREATE TABLE other (x INTEGER)")  # a rollback-journal database
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO other VALUES (1)")
+    met_the_lock = threading.Event()
+    real_wait = _sql_connections._wait
+
+    def wait(seconds: float) -> None:
+        met_the_lock.set()
+        real_wait(seconds)
+
+    monkeypatch.setattr(_sql_connections, "_wait", wait)
+    store = SQLStore(f"sqlite:///{db}")
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            store.create_schema()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=create)
+    thread.start()
+    try:
+        assert met_the_lock.wait(10)
+        holder.execute("COMMIT")
+        thread.join(10)
+        assert not thread.is_alive() and errors == []
+        assert claim(store)
+        with contextlib.closing(sqlite3.connect(db)) as fresh:
+            assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        holder.close()
+        thread.join(10)
         store.close()
 
 
