@@ -570,8 +570,7 @@ class IdempotencyHandler:
         one store round trip (``Store.mark_success_many``).  Per item, in order: the value
         ``complete`` would return, or the ``IdempotencyError`` it would raise."""
         out: list[Any] = []
-        writes: list[SuccessWrite] = []
-        written: list[tuple[int, Call, bytes]] = []
+        written: list[tuple[int, Call, SuccessWrite]] = []  # (position in out, call, write)
         now = self.clock()
         for call, token, result in done:
             try:
@@ -579,22 +578,22 @@ class IdempotencyHandler:
             except IdempotencyError as err:  # poisoned by encode_response
                 out.append(err)
                 continue
-            written.append((len(out), call, enc))
+            write = SuccessWrite(call.scope, token, enc, now + call.options.ttl)
+            written.append((len(out), call, write))
             out.append(None)
-            writes.append(SuccessWrite(call.scope, token, enc, now + call.options.ttl))
-        if not writes:
+        if not written:
             return out
         try:
             stored = self._write_outcome(
-                written[0][1], "mark_success_many", self.store.mark_success_many, writes,
-                now=now,
+                written[0][1], "mark_success_many", self.store.mark_success_many,
+                [w for _, _, w in written], now=now,
             )
         except IdempotencyError as err:  # OUTCOME_NOT_RECORDED: the whole write failed
             for i, call, _ in written:
                 out[i] = call.error(err.code, err.message)
             return out
-        for (i, call, enc), ok in zip(written, stored, strict=True):
-            out[i] = self._completed(call, enc, ok, now)
+        for (i, call, w), ok in zip(written, stored, strict=True):
+            out[i] = self._completed(call, w.response, ok, now)
         return out
 
     def _completed(self, call: Call, encoded: bytes, stored: bool, now: float) -> Any:

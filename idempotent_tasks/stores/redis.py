@@ -56,7 +56,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -327,19 +327,13 @@ class RedisStore:
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """EVALSHA, loading the script once more when the server does not know it (first
         use, restart, failover).  NOSCRIPT means nothing ran, so running again is safe."""
-        direct = self._direct
-        if direct is not None:  # standalone: this thread's held connection
-            try:
-                return direct.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-            except self._noscript:
-                script.sha = self._conn().script_load(script.script)
-                return direct.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        client = self._conn()
+        direct = self._direct  # standalone: this thread's held connection
+        send = direct.execute if direct is not None else partial(command, self._conn())
         try:
-            return command(client, "EVALSHA", script.sha, len(keys), *keys, *args)
+            return send("EVALSHA", script.sha, len(keys), *keys, *args)
         except self._noscript:
-            script.sha = client.script_load(script.script)
-            return command(client, "EVALSHA", script.sha, len(keys), *keys, *args)
+            script.sha = self._conn().script_load(script.script)
+            return send("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _run(self, call: str, scope: Scope | None, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """One script (named like the store method ``call``), driver errors translated."""
