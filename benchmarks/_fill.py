@@ -8,12 +8,13 @@ single-row ``mark_success`` round trips would take longer than the rest of the r
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 from idempotent_tasks._records import Scope
 from idempotent_tasks.stores.base import ClaimRequest, SuccessWrite
 
-from ._services import NOISE, is_connection_error, wait_for_services
+from ._services import retry_on_connection_loss
 
 HASH = "b" * 64
 RESPONSE = b'{"charged":true,"amount":100}'
@@ -35,15 +36,11 @@ def fill(store: Any, kind: str, n: int, *, now: float, expires_at: float) -> Non
     all_scopes = scopes(n)
     for start in range(0, n, CHUNK):
         chunk = all_scopes[start : start + CHUNK]
-        for attempt in range(3):
-            try:
-                _fill_chunk(store, kind, chunk, now, expires_at)
-                break
-            except Exception as exc:
-                if attempt == 2 or not is_connection_error(exc):
-                    raise
-                NOISE.append(f"fill/{kind}: chunk at {start} retried after {type(exc).__name__}")
-                wait_for_services()
+        retry_on_connection_loss(
+            f"fill/{kind}: chunk at {start}",
+            partial(_fill_chunk, store, kind, chunk, now, expires_at),
+            attempts=3,
+        )
 
 
 def _fill_chunk(store: Any, kind: str, chunk: list[Scope], now: float, expires_at: float) -> None:

@@ -55,16 +55,24 @@ def is_connection_error(exc: BaseException) -> bool:
     return any(w in text for w in words)
 
 
+def retry_on_connection_loss(label: str, fn: Callable[[], T], attempts: int = 2) -> T:
+    """``fn()``; after a connection error, wait for the services and run it again, up to
+    ``attempts`` runs in all (each retry is noted for the report)."""
+    for attempt in range(1, attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            NOISE.append(f"{label}: retried ({attempt}) after {type(exc).__name__}: "
+                         f"{str(exc)[:120]}")
+            wait_for_services()
+    return fn()
+
+
 def retry_once(label: str, fn: Callable[[], T]) -> T:
     """``fn()``; on a connection error, wait for the services and run it once more."""
-    try:
-        return fn()
-    except Exception as exc:
-        if not is_connection_error(exc):
-            raise
-        NOISE.append(f"{label}: retried once after {type(exc).__name__}: {str(exc)[:120]}")
-        wait_for_services()
-        return fn()
+    return retry_on_connection_loss(label, fn)
 
 
 def drop_store(store: Any, kind: str, prefix: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from idempotent_tasks import IdempotencyHandler, StoreUnavailableError
 
 from ._fill import fill
-from ._services import NOISE, is_connection_error, wait_for_services
+from ._services import NOISE, retry_on_connection_loss, wait_for_services
 from ._timing import interleave
 from .core import PAYLOAD, _body, make_handler, open_store
 
@@ -65,16 +65,11 @@ FROM generate_series(1::bigint, %(n)s::bigint / 100) AS i
 def _autocommit(store: Any, sql: str, params: dict[str, Any] | None = None) -> None:
     """One statement in its own connection, run again (up to 3 times) after a lost
     connection: every statement given here is atomic, so a retry starts clean."""
-    for attempt in range(3):
-        try:
-            with store.engine.connect() as raw:
-                raw.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(sql, params)
-            return
-        except Exception as exc:
-            if attempt == 2 or not is_connection_error(exc):
-                raise
-            NOISE.append(f"scaling: {sql.split(maxsplit=1)[0]} retried after {type(exc).__name__}")
-            wait_for_services()
+    def run() -> None:
+        with store.engine.connect() as raw:
+            raw.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(sql, params)
+
+    retry_on_connection_loss(f"scaling: {sql.split(maxsplit=1)[0]}", run, attempts=3)
 
 
 def _generate(store: Any, n: int, now: float) -> None:

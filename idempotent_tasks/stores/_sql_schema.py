@@ -17,15 +17,21 @@ def _scope_text() -> sa.types.TypeEngine[str]:
     return sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
 
 
+_SCOPE: Final = ("tenant", "operation", "key")
+
+
+def _scope_columns() -> list[sa.Column[str]]:
+    """(tenant, operation, key): the primary key of the records and of the counters."""
+    return [sa.Column(name, _scope_text(), primary_key=True) for name in _SCOPE]
+
+
 def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
     """The three tables (records, retry counters, maintenance locks) as SQLAlchemy Core."""
     md = sa.MetaData()
     sa.Table(
         f"{prefix}_records",
         md,
-        sa.Column("tenant", _scope_text(), primary_key=True),
-        sa.Column("operation", _scope_text(), primary_key=True),
-        sa.Column("key", _scope_text(), primary_key=True),
+        *_scope_columns(),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("request_hash", sa.Text(), nullable=False),
         sa.Column("response", sa.LargeBinary(), nullable=True),
@@ -34,7 +40,7 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("updated_at", sa.Double(), nullable=False),
         sa.Column("lease_expires_at", sa.Double(), nullable=True),
         sa.Column("expires_at", sa.Double(), nullable=True),
-        sa.PrimaryKeyConstraint("tenant", "operation", "key", name=f"{prefix}_records_pkey"),
+        sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_records_pkey"),
         sa.CheckConstraint(
             "status IN ('PROCESSING', 'SUCCESS', 'FAILED')", name=f"{prefix}_records_status_ck"
         ),
@@ -51,12 +57,10 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
     sa.Table(
         f"{prefix}_retry_counters",
         md,
-        sa.Column("tenant", _scope_text(), primary_key=True),
-        sa.Column("operation", _scope_text(), primary_key=True),
-        sa.Column("key", _scope_text(), primary_key=True),
+        *_scope_columns(),
         sa.Column("count", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.Double(), nullable=False),
-        sa.PrimaryKeyConstraint("tenant", "operation", "key", name=f"{prefix}_retry_counters_pkey"),
+        sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_retry_counters_pkey"),
         sa.Index(f"{prefix}_retry_counters_updated_idx", "updated_at"),
     )
     sa.Table(

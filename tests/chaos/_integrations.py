@@ -39,7 +39,26 @@ class _Sent:
             return list(self._items)
 
 
-class CeleryIntegration:
+class _RabbitIntegration:
+    """What the two RabbitMQ integrations share: the run's vhost, the deliveries sent, and a
+    broker fault that closes every connection of the vhost."""
+
+    def __init__(self, vhost: RabbitVhost) -> None:
+        self.vhost = vhost
+        self._sent = _Sent()
+        self._answers: dict[str, list[Any]] = {}
+
+    def flush(self) -> None:
+        return None
+
+    def broker_fault(self, workers: Workers) -> None:
+        self.vhost.close_connections()
+
+    def sent(self) -> list[tuple[Delivery, str]]:
+        return self._sent.items()
+
+
+class CeleryIntegration(_RabbitIntegration):
     """Celery on RabbitMQ (threads pool, 4 threads per worker); each delivery is a task
     message of its own, and its result (fresh or replayed) is read from the Redis result
     backend."""
@@ -50,12 +69,10 @@ class CeleryIntegration:
     def __init__(self, vhost: RabbitVhost, run_id: str) -> None:
         from celery import Celery
 
-        self.vhost = vhost
+        super().__init__(vhost)
         self.queue = f"chaos-{run_id}"
         self.app = Celery("chaos-producer", broker=vhost.url(), set_as_current=False)
         self.app.conf.update(task_default_queue=self.queue, broker_connection_retry_on_startup=True)
-        self._sent = _Sent()
-        self._answers: dict[str, list[Any]] = {}
         self._redis = redis.Redis.from_url(REDIS_URL)
 
     def worker_command(self) -> list[str]:
@@ -73,15 +90,6 @@ class CeleryIntegration:
             headers={"idempotency_key": delivery.key, "idempotency_tenant": TENANT},
         )
         self._sent.add(delivery, result.id)
-
-    def flush(self) -> None:
-        return None
-
-    def broker_fault(self, workers: Workers) -> None:
-        self.vhost.close_connections()
-
-    def sent(self) -> list[tuple[Delivery, str]]:
-        return self._sent.items()
 
     def results(self) -> dict[str, list[Any]]:
         pending = [i for _, i in self._sent.items() if i not in self._answers]
@@ -102,7 +110,7 @@ class CeleryIntegration:
         self.app.close()
 
 
-class DramatiqIntegration:
+class DramatiqIntegration(_RabbitIntegration):
     """Dramatiq on RabbitMQ (1 process x 4 threads per worker); each delivery's result is
     read back through Dramatiq's ``Results`` (Redis, a namespace per run)."""
 
@@ -113,15 +121,13 @@ class DramatiqIntegration:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
         from dramatiq.results.backends import RedisBackend
 
-        self.vhost = vhost
+        super().__init__(vhost)
         self.queue = f"chaos_{run_id}"
         self.namespace = f"chaos-{run_id}-results"
         self.broker = RabbitmqBroker(url=vhost.url(), middleware=[])
         self.broker.declare_queue(self.queue)
         self.backend = RedisBackend(url=REDIS_URL, namespace=self.namespace)
-        self._sent = _Sent()
         self._messages: dict[str, Any] = {}
-        self._answers: dict[str, list[Any]] = {}
 
     def worker_command(self) -> list[str]:
         return [sys.executable, "-m", "dramatiq", "tests.chaos.dramatiq_app",
@@ -141,15 +147,6 @@ class DramatiqIntegration:
         self.broker.enqueue(message)
         self._messages[message.message_id] = message
         self._sent.add(delivery, message.message_id)
-
-    def flush(self) -> None:
-        return None
-
-    def broker_fault(self, workers: Workers) -> None:
-        self.vhost.close_connections()
-
-    def sent(self) -> list[tuple[Delivery, str]]:
-        return self._sent.items()
 
     def results(self) -> dict[str, list[Any]]:
         from dramatiq.results import ResultMissing
