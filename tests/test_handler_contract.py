@@ -60,6 +60,38 @@ def run(h: IdempotencyHandler, fn: Any, key: str = "k1", tenant: str = "acme",
                      payload={"amount": 100} if payload is None else payload, **kw)
 
 
+class PausedRun:
+    """``run(h, body)`` in a thread whose body starts, then waits for ``finish()``: the race
+    window is held open with events, not hoped for with sleeps.  The body returns
+    ``outcome``, or raises it if it is an exception; ``results`` / ``errors`` get the end."""
+
+    def __init__(self, h: IdempotencyHandler, outcome: Any = "done") -> None:
+        started, self._release = threading.Event(), threading.Event()
+        self.results: list[Any] = []
+        self.errors: list[BaseException] = []
+
+        def body() -> Any:
+            started.set()
+            assert self._release.wait(10)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        def target() -> None:
+            try:
+                self.results.append(run(h, body))
+            except BaseException as exc:
+                self.errors.append(exc)
+
+        self._thread = threading.Thread(target=target)
+        self._thread.start()
+        assert started.wait(10)
+
+    def finish(self) -> None:
+        self._release.set()
+        self._thread.join(10)
+
+
 def code_of(excinfo: pytest.ExceptionInfo[IdempotencyError]) -> str:
     return excinfo.value.code
 
@@ -102,26 +134,15 @@ def test_payload_hash_is_canonical(handler: IdempotencyHandler) -> None:
 
 
 def test_concurrent_duplicate_is_in_progress(handler: IdempotencyHandler) -> None:
-    started, release = threading.Event(), threading.Event()
-    results: list[Any] = []
-
-    def slow() -> str:
-        started.set()
-        assert release.wait(10)
-        return "done"
-
-    t = threading.Thread(target=lambda: results.append(run(handler, slow)))
-    t.start()
-    assert started.wait(10)
+    first = PausedRun(handler, "done")
     with pytest.raises(IdempotencyError) as ei:
         run(handler, Counter())
     assert code_of(ei) == ErrorCode.REQUEST_IN_PROGRESS
     with pytest.raises(IdempotencyError) as ei2:  # a different payload still conflicts
         run(handler, Counter(), payload={"other": 1})
     assert code_of(ei2) == ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST
-    release.set()
-    t.join(10)
-    assert results == ["done"]
+    first.finish()
+    assert first.results == ["done"]
     assert run(handler, Counter("x")) == "done"
 
 
@@ -350,51 +371,22 @@ def test_expired_record_is_replaced_without_cleanup(handler: IdempotencyHandler,
 
 
 def test_stale_owner_cannot_overwrite_newer_attempt(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    started, release = threading.Event(), threading.Event()
-    stale_result: list[Any] = []
-
-    def stale_body() -> str:
-        started.set()
-        assert release.wait(10)
-        return "stale"
-
-    t = threading.Thread(target=lambda: stale_result.append(run(handler, stale_body)))
-    t.start()
-    assert started.wait(10)
+    stale = PausedRun(handler, "stale")
     clock.advance(31)  # the first owner is paused past its lease
     assert run(handler, lambda: "fresh") == "fresh"  # takeover
-    release.set()
-    t.join(10)
-    assert stale_result == ["stale"]  # the stale owner gets its body's result back …
+    stale.finish()
+    assert stale.results == ["stale"]  # the stale owner gets its body's result back …
     rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
     assert rec is not None and rec.response == "fresh" and rec.status is Status.SUCCESS
     assert rec.retry_count == 1  # … and writes nothing
 
 
 def test_stale_owner_failure_is_not_counted_twice(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    started, release = threading.Event(), threading.Event()
-
-    def stale_body() -> None:
-        started.set()
-        assert release.wait(10)
-        raise Flaky()
-
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            run(handler, stale_body)
-        except BaseException as e:
-            errors.append(e)
-
-    t = threading.Thread(target=target)
-    t.start()
-    assert started.wait(10)
+    stale = PausedRun(handler, Flaky())
     clock.advance(31)
     assert run(handler, lambda: "fresh") == "fresh"
-    release.set()
-    t.join(10)
-    assert isinstance(errors[0], Flaky)
+    stale.finish()
+    assert isinstance(stale.errors[0], Flaky)
     rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
     assert rec is not None and rec.status is Status.SUCCESS and rec.retry_count == 1
 
@@ -404,17 +396,7 @@ def test_heartbeat_keeps_long_body_alive(store: Store, clock: FakeClock) -> None
     faulty = FaultyStore(store)
     faulty.before["heartbeat"] = beats.set
     h = IdempotencyHandler(faulty, clock=clock, lease_timeout=30, heartbeat_interval=0.02, metrics=None)
-    started, release = threading.Event(), threading.Event()
-
-    def long_body() -> str:
-        started.set()
-        assert release.wait(10)
-        return "long"
-
-    out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(run(h, long_body)))
-    t.start()
-    assert started.wait(10)
+    long = PausedRun(h, "long")
     clock.advance(25)
     for _ in range(2):  # the second beat surely read the clock after the advance
         beats.clear()
@@ -425,9 +407,8 @@ def test_heartbeat_keeps_long_body_alive(store: Store, clock: FakeClock) -> None
     with pytest.raises(IdempotencyError) as ei:
         run(h, Counter())
     assert code_of(ei) == ErrorCode.REQUEST_IN_PROGRESS
-    release.set()
-    t.join(10)
-    assert out == ["long"]
+    long.finish()
+    assert long.results == ["long"]
     h.close()
 
 
@@ -559,22 +540,11 @@ def test_owner_paused_past_its_lease_and_released_by_recovery_records_its_result
 ) -> None:
     """Recovery released the scope while its owner was paused; the owner then finishes: its
     body really ran, so its result is recorded and later deliveries replay it (no re-run)."""
-    started, release = threading.Event(), threading.Event()
-    out: list[Any] = []
-
-    def paused() -> str:
-        started.set()
-        assert release.wait(10)
-        return "ran once"
-
-    t = threading.Thread(target=lambda: out.append(run(handler, paused)))
-    t.start()
-    assert started.wait(10)
+    paused = PausedRun(handler, "ran once")
     clock.advance(31)
     assert handler.recover_stuck_records() == 1  # released, the crashed-looking attempt counted
-    release.set()
-    t.join(10)
-    assert out == ["ran once"]
+    paused.finish()
+    assert paused.results == ["ran once"]
     rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
     assert rec is not None and rec.status is Status.SUCCESS and rec.response == "ran once"
     assert rec.retry_count == 1
