@@ -1,7 +1,9 @@
 """``python -m benchmarks [--quick] [--only core,peers,...] [--n N] [--json PATH]``.
 
 Sections (default: all but ``scaling``, which takes longer and runs only when named):
-core, peers, hotspots, e2e, consumers, batch, memory, scaling.  Every comparison is measured
+core, peers, hotspots, e2e, consumers, batch, memory, cpu, scaling.  ``cpu`` counts
+instructions per delivery with callgrind; ``--cpu-baseline REF`` also counts them for a git
+ref (checked out in a temporary worktree) and prints the ratio.  Every comparison is measured
 in this one run, interleaved; ratios are the headline, absolute times secondary.  The
 targets are checked from the same run and printed as PASS/FAIL.  JSON goes to
 ``benchmarks/results/latest.json`` (git-ignored).
@@ -26,7 +28,8 @@ from rich.console import Console
 from . import _services
 from .report import print_section, targets
 
-SECTIONS = ["core", "peers", "hotspots", "e2e", "consumers", "batch", "memory", "scaling"]
+SECTIONS = ["core", "peers", "hotspots", "e2e", "consumers", "batch", "memory", "cpu",
+            "scaling"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scaling"]
 
 
@@ -43,6 +46,8 @@ class Params:
     scaling_ops: int
     concurrency_s: float
     cleanup_n: int
+    #: The two numbers of deliveries the cpu section's probe runs (their difference counts).
+    cpu_ns: tuple[int, int]
 
 
 QUICK = Params(
@@ -50,18 +55,21 @@ QUICK = Params(
     memory_sizes={"memory": 10_000, "sqlite": 10_000, "postgresql": 10_000, "redis": 10_000,
                   "redis (hash-max-listpack-value 256)": 10_000},
     scaling_sizes=[10_000, 100_000], scaling_ops=200, concurrency_s=1.0, cleanup_n=10_000,
+    cpu_ns=(100, 300),
 )
 FULL = Params(
     n=2000, e2e_n=2000, e2e_rounds=5, consumers_n=2000, batch_scopes=20_000, batch_rounds=5,
     memory_sizes={"memory": 100_000, "sqlite": 200_000, "postgresql": 1_000_000,
                   "redis": 1_000_000, "redis (hash-max-listpack-value 256)": 1_000_000},
     scaling_sizes=[10_000, 100_000, 1_000_000], scaling_ops=1000, concurrency_s=3.0,
-    cleanup_n=100_000,
+    cleanup_n=100_000, cpu_ns=(500, 1500),
 )
 
 
-def _section_runners(p: Params, stores: list[str]) -> dict[str, Callable[[], Any]]:
-    from . import batch, consumers, core, e2e, hotspots, memory, peers, scaling
+def _section_runners(
+    p: Params, stores: list[str], cpu_baseline: str | None = None
+) -> dict[str, Callable[[], Any]]:
+    from . import batch, consumers, core, cpu, e2e, hotspots, memory, peers, scaling
 
     networked = [s for s in stores if s in ("postgresql", "redis")]
     return {
@@ -73,6 +81,7 @@ def _section_runners(p: Params, stores: list[str]) -> dict[str, Callable[[], Any
         "batch": lambda: batch.run(p.batch_scopes, p.batch_rounds,
                                    [s for s in stores if s != "memory"]),
         "memory": lambda: memory.run(p.memory_sizes),
+        "cpu": lambda: cpu.run(p.cpu_ns, cpu_baseline),
         "scaling": lambda: scaling.run(p.scaling_sizes, p.scaling_ops, p.concurrency_s,
                                        p.cleanup_n, [s for s in stores if s != "memory"]),
     }
@@ -112,6 +121,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stores", default="memory,sqlite,postgresql,redis")
     parser.add_argument("--scaling-max", type=int, default=None,
                         help="largest PostgreSQL table in the scaling section (e.g. 10000000)")
+    parser.add_argument("--cpu-baseline", metavar="REF", default=None,
+                        help="cpu section: also count a git ref (e.g. a7d21ef), checked out "
+                        "in a temporary worktree, and print before/after")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/latest.json"))
     args = parser.parse_args(argv)
     args.argv = argv if argv is not None else os.sys.argv[1:]
@@ -141,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]{report['command']}[/] — {report['date']} — {report['machine']}, "
                   f"Python {report['python']}, git {report['git']}, "
                   f"load {report['load_average_at_start']}")
-    runners = _section_runners(_params(args), stores)
+    runners = _section_runners(_params(args), stores, args.cpu_baseline)
     for name in sections:
         started = time.perf_counter()
         try:

@@ -25,6 +25,7 @@ from idempotent_tasks import (
     PrometheusMetrics,
 )
 from idempotent_tasks.stores.base import Store
+from idempotent_tasks.testing import simulate_crash
 
 from ._services import POSTGRES_URL, REDIS_URL, drop_store
 from ._timing import Op, interleave
@@ -93,9 +94,10 @@ def ours_ops(store: Store) -> dict[str, Op]:
     def replay_cached(_: int) -> None:
         cached.execute(_body, operation="bench", tenant="t", key=f"{tag}-done", payload=PAYLOAD)
 
-    call = h.prepare("bench", "t", f"{tag}-busy", PAYLOAD, True)
-    assert call is not None
-    h.claim(call)
+    # a scope left PROCESSING with a live lease (the default 300 s), as a crashed worker
+    # leaves it: every later delivery is refused while the lease lasts
+    busy = simulate_crash(h, operation="bench", tenant="t", key=f"{tag}-busy", payload=PAYLOAD)
+    assert isinstance(busy, int), busy
 
     def in_progress(_: int) -> None:
         try:

@@ -4,18 +4,20 @@ Each probe interleaves, in one run, the floor, the store primitive alone, the sa
 work sent by hand (so Python and server costs separate), and ``execute()``:
 
 * Redis first delivery: floor | the store's own two Lua scripts sent by hand (keys built
-  as the store builds them) | ``RedisStore.create`` + ``mark_success`` through the
-  client's ``execute_command`` (a pool checkout per call: the store before its held
-  per-thread connections) | the same on the store's held connection (as shipped) |
-  ``execute()``.
+  as the store builds them; the claim script draws the fencing token from the shard's
+  counter key and returns it, the success script is sent with it) |
+  ``RedisStore.create`` + ``mark_success`` through the client's ``execute_command`` (a
+  pool checkout per call: the store before its held per-thread connections) | the same on
+  the store's held connection (as shipped) | ``execute()``.
 * PostgreSQL replay: floor (``ON CONFLICT DO NOTHING`` CTE) | the store's replacing
   statement (``DO UPDATE … WHERE expired``, run only for expired records) on an existing
-  SUCCESS row, sent by hand | the same with ``DO NOTHING`` (the store's hot statement) |
-  ``SQLStore.create`` | ``execute()``.  The store's former statement took a row lock on
-  every duplicate (``ON CONFLICT DO UPDATE`` locks the conflicting row even when its
-  ``WHERE`` is false), which made a replay a write transaction with a WAL flush at commit;
-  the store now claims with ``DO NOTHING`` and replaces only expired records in a second
-  statement.
+  SUCCESS row, sent by hand | the store's hot statement (``DO NOTHING``, its insert guarded
+  by ``NOT EXISTS`` so that a replay draws no ``nextval`` from the fencing sequence) sent
+  by hand | ``SQLStore.create`` | ``execute()``.  The store's former statement took a row
+  lock on every duplicate (``ON CONFLICT DO UPDATE`` locks the conflicting row even when
+  its ``WHERE`` is false), which made a replay a write transaction with a WAL flush at
+  commit; the store now claims with ``DO NOTHING`` and replaces only expired records in a
+  second statement.
 * Handler overhead: ``execute()`` on ``MemoryStore`` with metrics on / off (pure Python).
 * Consumers' batch mode: one ``create_many`` per batch, then one ``mark_success`` per
   message (single completions) vs one ``mark_success_many`` per batch (as shipped).
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from idempotent_tasks import IdempotencyHandler, MemoryStore, RedisStore
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 
 from ._services import POSTGRES_DSN, POSTGRES_URL, REDIS_URL
 from ._timing import interleave
@@ -56,12 +58,14 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
 
         def scripts_by_hand(i: int) -> None:
             k = store._keys(Scope("t", "bench", f"{tag}-raw-{i}"))
-            client.execute_command(
-                "EVALSHA", claim.sha, 2, k.record, k.processing, now, now + 300, store._gc_ms,
-                k.encoded, HASH, 7,
+            # claim.lua: KEYS record, processing index, the shard's token counter; replies
+            # {token} on CREATED (the token as the script formatted it)
+            (token,) = client.execute_command(
+                "EVALSHA", claim.sha, 3, k.record, k.processing, k.tokens, now, now + 300,
+                store._gc_ms, k.encoded, HASH,
             )
             client.execute_command(
-                "EVALSHA", mark.sha, 4, k.record, k.counter, k.processing, k.finished, 7,
+                "EVALSHA", mark.sha, 4, k.record, k.counter, k.processing, k.finished, token,
                 RESPONSE, now, now + 86400, store._gc_ms,
             )
 
@@ -71,8 +75,10 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
         def primitives_on(s: RedisStore, label: str) -> Callable[[int], None]:
             def op(i: int) -> None:
                 scope = Scope("t", "bench", f"{tag}-{label}-{i}")
-                s.create(scope, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
-                s.mark_success(scope, token=7, response=RESPONSE, now=now, expires_at=now + 9e4)
+                token = s.create(scope, request_hash=HASH, now=now,
+                                 lease_expires_at=now + 300).record.fencing_token
+                s.mark_success(scope, token=token, response=RESPONSE, now=now,
+                               expires_at=now + 9e4)
 
             return op
 
@@ -101,24 +107,20 @@ def pg_replay(n: int) -> dict[str, Any]:
         handler.execute(_body, operation="bench", tenant="t", key="done", payload=PAYLOAD)
         call = handler.prepare("bench", "t", "done", PAYLOAD, True)
         assert call is not None
-        sql = store._ops._create_sql
-        fast = sql.replace(
-            sql[sql.index("ON CONFLICT"):sql.index("RETURNING (r.xmax = 0)")],
-            "ON CONFLICT (tenant, operation, key) DO NOTHING ",
-        ).replace("(r.xmax = 0) AS inserted", "true AS inserted")
+        replacing, hot = store._ops._create_sql, store._ops._claim_sql
         conn = psycopg.connect(POSTGRES_DSN, autocommit=True)
         now = time.time()
         params = {"tenant": "t", "operation": "bench", "key": "done",
-                  "request_hash": call.request_hash, "token": 9, "now": now, "lease": now + 300}
+                  "request_hash": call.request_hash, "now": now, "lease": now + 300}
 
         def by_hand(_: int) -> None:
-            conn.execute(sql, params).fetchall()
+            conn.execute(replacing, params).fetchall()
 
         def do_nothing(_: int) -> None:
-            conn.execute(fast, params).fetchall()
+            conn.execute(hot, params).fetchall()
 
         def create(_: int) -> None:
-            store.create(call.scope, request_hash=call.request_hash, token=9, now=time.time(),
+            store.create(call.scope, request_hash=call.request_hash, now=time.time(),
                          lease_expires_at=now + 300)
 
         def execute(_: int) -> None:
@@ -153,8 +155,9 @@ def handler_overhead(n: int) -> dict[str, Any]:
 
     def store_only(i: int) -> None:
         scope = Scope("t", "bench", f"{tag}-s-{i}")
-        store.create(scope, request_hash=HASH, token=7, now=1.0, lease_expires_at=301.0)
-        store.mark_success(scope, token=7, response=RESPONSE, now=1.0, expires_at=9e9)
+        token = store.create(scope, request_hash=HASH, now=1.0,
+                             lease_expires_at=301.0).record.fencing_token
+        store.mark_success(scope, token=token, response=RESPONSE, now=1.0, expires_at=9e9)
 
     result = interleave(
         {"MemoryStore create+mark_success": store_only, "prepare() only": prepare_only,
@@ -193,24 +196,22 @@ def batch_complete(n_batches: int, size: int = 100) -> dict[str, Any]:
 
 
 def _batch_complete(kind: str, n_batches: int, size: int) -> dict[str, Any]:
-    from ._fill import HASH as FILL_HASH
     from ._fill import RESPONSE as FILL_RESPONSE
     from ._fill import _complete, scopes
-    from .batch import ClaimRequest
+    from ._fill import claim as claim_chunk
 
     with tempfile.TemporaryDirectory() as tmp, open_store(kind, Path(tmp)) as store:
         pool = scopes(2 * n_batches * size + 2 * size)
         now = time.time()
 
-        def claim(i: int, offset: int) -> list[Scope]:
-            chunk = pool[(2 * i + offset) * size:(2 * i + offset + 1) * size]
-            store.create_many([ClaimRequest(s, FILL_HASH, token=7) for s in chunk],
-                              now=now, lease_expires_at=now + 300)
-            return chunk
+        def claim(i: int, offset: int) -> list[tuple[Scope, int]]:
+            """One ``create_many``: the chunk's scopes with the tokens the store drew."""
+            return claim_chunk(store, pool[(2 * i + offset) * size:(2 * i + offset + 1) * size],
+                               now)
 
         def as_is(i: int) -> None:
-            for s in claim(i, 0):
-                store.mark_success(s, token=7, response=FILL_RESPONSE, now=now,
+            for s, token in claim(i, 0):
+                store.mark_success(s, token=token, response=FILL_RESPONSE, now=now,
                                    expires_at=now + 86400)
 
         def batched(i: int) -> None:

@@ -1,7 +1,8 @@
 """RedisStore against the raw Redis floor, in one process and one run.
 
-* first delivery: ``RedisStore.create`` + ``mark_success`` vs the floor "one EVALSHA
-  claim-or-get + one ``SET XX``" (the same statements as ``benchmarks.floors.redis_floor``);
+* first delivery: ``RedisStore.create`` + ``mark_success`` (under the token the claim script
+  drew from the shard's counter key) vs the floor "one EVALSHA claim-or-get + one
+  ``SET XX``" (the same statements as ``benchmarks.floors.redis_floor_fns``; no counter);
 * replay: ``RedisStore.create`` on an existing SUCCESS record (the claim script returns the
   record) vs the one-EVALSHA claim-or-get floor;
 * batch: ``create_many`` of 100 fresh scopes per call, in scopes per second.
@@ -21,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import ClaimRequest
 from idempotent_tasks.stores.redis import RedisStore
 
@@ -61,8 +62,9 @@ def measure(url: str, store: RedisStore, n: int) -> dict[str, tuple[float, float
     raw = f"floor:{tag}"
     now = time.time()
     done = Scope("acme", "payments.charge", f"{tag}-done")
-    store.create(done, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
-    store.mark_success(done, token=7, response=RESPONSE, now=now, expires_at=now + 86400)
+    token = store.create(done, request_hash=HASH, now=now,
+                         lease_expires_at=now + 300).record.fencing_token
+    store.mark_success(done, token=token, response=RESPONSE, now=now, expires_at=now + 86400)
     script(keys=[f"{raw}:done"], args=[b"PROCESSING|" + HASH.encode(), 600_000])
 
     def floor_first(i: int) -> None:
@@ -75,11 +77,13 @@ def measure(url: str, store: RedisStore, n: int) -> dict[str, tuple[float, float
 
     def first(i: int) -> None:
         scope = Scope("acme", "payments.charge", f"{tag}-{i}")
-        store.create(scope, request_hash=HASH, token=7, now=now, lease_expires_at=now + 300)
-        store.mark_success(scope, token=7, response=RESPONSE, now=now, expires_at=now + 86400)
+        token = store.create(scope, request_hash=HASH, now=now,
+                             lease_expires_at=now + 300).record.fencing_token
+        store.mark_success(scope, token=token, response=RESPONSE, now=now,
+                           expires_at=now + 86400)
 
     def replay(_: int) -> None:
-        store.create(done, request_hash=HASH, token=8, now=now, lease_expires_at=now + 300)
+        store.create(done, request_hash=HASH, now=now, lease_expires_at=now + 300)
 
     try:
         return {
@@ -98,7 +102,7 @@ def batch_rate(store: RedisStore, batches: int, size: int = 100) -> float:
     start = time.perf_counter()
     for b in range(batches):
         claims = [
-            ClaimRequest(Scope("acme", "orders", f"{tag}-{b}-{i}"), HASH, token=i)
+            ClaimRequest(Scope("acme", "orders", f"{tag}-{b}-{i}"), HASH)
             for i in range(size)
         ]
         store.create_many(claims, now=now, lease_expires_at=now + 300)

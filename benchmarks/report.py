@@ -110,6 +110,22 @@ def memory_table(data: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+def cpu_table(data: dict[str, Any], console: Console) -> None:
+    small, large = data["n"]
+    ref = data.get("baseline_ref")
+    columns = ["delivery", "metrics", "instructions, this tree"]
+    if ref:
+        columns += [f"instructions at {ref}", "ratio now / then"]
+    t = _table(f"CPU per delivery on MemoryStore, instructions (callgrind; the difference of "
+               f"runs of {small} and {large} deliveries over {large - small})", columns)
+    for name, row in data["ours"].items():
+        cells = [*name.split(", ", 1), _num(row["instructions"], 0)]
+        if ref:
+            cells += [_num(data["baseline"][name]["instructions"], 0), _ratio(data["ratio"][name])]
+        t.add_row(*cells)
+    console.print(t)
+
+
 def scaling_table(data: dict[str, Any], console: Console) -> None:
     from .scaling import plan_excerpt
 
@@ -154,7 +170,7 @@ def targets_table(data: list[dict[str, Any]], console: Console) -> None:
 PRINTERS: dict[str, Callable[[Any, Console], None]] = {
     "core": core_table, "peers": peers_table, "hotspots": hotspots_table, "e2e": e2e_table,
     "consumers": consumers_table, "batch": batch_table, "memory": memory_table,
-    "scaling": scaling_table, "targets": targets_table,
+    "cpu": cpu_table, "scaling": scaling_table, "targets": targets_table,
 }
 
 

@@ -79,6 +79,11 @@ def _generate(store: Any, n: int, now: float) -> None:
         hi = min(lo + GENERATE_CHUNK - 1, n)
         _autocommit(store, _GENERATE.format(t=table), {"now": now, "lo": lo, "hi": hi})
     _autocommit(store, _GENERATE_COUNTERS.format(c=counters), {"now": now, "n": n})
+    # the generated rows carry token 7: move the store's fencing sequence past it, as
+    # create_schema() does for rows that exist before the sequence
+    sequence = store.engine.dialect.identifier_preparer.quote(
+        f"{store.table_prefix}_fencing_seq")
+    _autocommit(store, f"SELECT setval('{sequence}', 7)")
     _autocommit(store, f"VACUUM ANALYZE {table}")
     _autocommit(store, f"VACUUM ANALYZE {counters}")
 
@@ -156,7 +161,7 @@ def explain(store: Any, now: float) -> dict[str, list[str]]:
     from ._services import POSTGRES_DSN
 
     claim = {"tenant": "acme", "operation": "payments.charge", "key": "c4ca4238a0b923820dcc509a6"
-             "f75849b-1", "request_hash": "b" * 64, "token": 9, "now": now, "lease": now + 300}
+             "f75849b-1", "request_hash": "b" * 64, "now": now, "lease": now + 300}
     statements = {
         "claim (existing key: replay)": (store._ops._claim_sql, claim),
         "claim (new key: first delivery)": (store._ops._claim_sql, {**claim, "key": "new-key"}),

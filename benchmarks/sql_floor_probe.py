@@ -2,9 +2,10 @@
 
 The floor is what any PostgreSQL store must pay at least: a psycopg 3 autocommit
 ``INSERT … ON CONFLICT DO NOTHING RETURNING`` plus the conditional ``UPDATE``, on the very
-table (same indexes) the store writes.  Both run in this process, interleaved in rounds so that
-the noise of a shared machine hits both alike; the figure that matters is the ratio (the
-requirement is <= 1.5).
+table (same indexes) the store writes, with a constant token (the store's claim also draws
+its fencing token, ``nextval`` of ``<prefix>_fencing_seq``, in the same statement).  Both
+run in this process, interleaved in rounds so that the noise of a shared machine hits both
+alike; the figure that matters is the ratio (the requirement is <= 1.5).
 
     .venv/bin/python benchmarks/sql_floor_probe.py [--n 2000] [--rounds 10] [--url URL]
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable
 import psycopg
 
 from idempotent_tasks import SQLStore
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 
 URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 HASH = "a" * 64
@@ -66,14 +67,14 @@ def main() -> None:
 
     def through_store(i: int) -> None:
         scope = Scope("t", "op", f"store-{i}")
-        assert store.create(
-            scope, request_hash=HASH, token=7, now=1.0, lease_expires_at=31.0
-        ).created
-        assert store.mark_success(scope, token=7, response=RESPONSE, now=2.0, expires_at=99.0)
+        claimed = store.create(scope, request_hash=HASH, now=1.0, lease_expires_at=31.0)
+        assert claimed.created
+        token = claimed.record.fencing_token
+        assert store.mark_success(scope, token=token, response=RESPONSE, now=2.0, expires_at=99.0)
 
     def replay(i: int) -> None:
         scope = Scope("t", "op", "store-0")
-        store.create(scope, request_hash=HASH, token=8, now=3.0, lease_expires_at=33.0)
+        store.create(scope, request_hash=HASH, now=3.0, lease_expires_at=33.0)
 
     try:
         warm = 200  # let psycopg prepare the statements on both sides

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._context import current_context
-from ._errors import (
+from ._core.context import current_context
+from ._core.errors import (
     ConfigurationError,
     ConflictError,
     ErrorCode,
@@ -24,12 +24,13 @@ from ._errors import (
     StoreUnavailableError,
     idempotency_error_status,
 )
-from ._handler import IdempotencyHandler
-from ._logging import create_logger_adapter
-from ._maintenance import MaintenanceRunner, MaintenanceSchedule
-from ._metrics import Metrics, NoMetrics, PrometheusMetrics
-from ._records import IdempotencyContext, Record, Status
-from ._serialization import JSONSerializer, Serializer
+from ._core.handler import IdempotencyHandler
+from ._core.logging import create_logger_adapter
+from ._core.metrics import Metrics, NoMetrics, PrometheusMetrics
+from ._core.outcome import Outcome, OutcomeKind
+from ._core.records import IdempotencyContext, Record, Status
+from ._core.runner import MaintenanceRunner, MaintenanceSchedule
+from ._core.serialization import JSONSerializer, Serializer
 from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
@@ -78,6 +79,8 @@ __all__ = [
     "MemoryStore",
     "Metrics",
     "NoMetrics",
+    "Outcome",
+    "OutcomeKind",
     "OutcomeNotRecordedError",
     "PrometheusMetrics",
     "Record",

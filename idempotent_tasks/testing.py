@@ -1,4 +1,5 @@
-"""Helpers for users' own tests: a controllable clock and a store that fails on demand."""
+"""Helpers for users' own tests: a controllable clock, a store that fails on demand, and a
+claim abandoned as a crashed worker leaves it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import StoreUnavailableError
+from ._core.drivers import drive
+from ._core.errors import StoreUnavailableError
+from ._core.flow import claim_scope
+from ._core.handler import IdempotencyHandler
+from ._core.outcome import Outcome
 from .stores.base import Store
 
 
@@ -60,3 +65,22 @@ class FaultyStore:
             return attr(*args, **kwargs)
 
         return call
+
+
+def simulate_crash(
+    handler: IdempotencyHandler,
+    *,
+    operation: str,
+    tenant: str,
+    key: str,
+    payload: Any = None,
+    lease_timeout: float | None = None,
+) -> int | Outcome:
+    """Claim a scope as a worker that dies right after its claim would: the record stays
+    PROCESSING with the returned fencing token until its lease expires, and then recovery or
+    the next delivery's takeover counts the crashed attempt.  When the scope cannot be
+    claimed, the :class:`Outcome` a delivery got instead (a replay or a refusal)."""
+    call = handler.prepare(operation, tenant, key, payload, True, lease_timeout=lease_timeout)
+    assert call is not None
+    claimed = drive(handler, claim_scope(handler, call))
+    return claimed if isinstance(claimed, Outcome) else claimed.token

@@ -6,7 +6,7 @@ import pytest
 
 import idempotent_tasks
 from idempotent_tasks import ErrorCode, IdempotencyError, idempotency_error_status
-from idempotent_tasks._errors import DEFAULT_STATUS, ERROR_CLASSES, make_error
+from idempotent_tasks._core.errors import DEFAULT_STATUS, ERROR_CLASSES, make_error
 
 DESIGN_NAMES = {
     "IdempotencyHandler", "IdempotencyError", "ErrorCode", "Status", "Record", "MemoryStore",

@@ -22,7 +22,7 @@ from idempotent_tasks import (
     current_context,
 )
 from idempotent_tasks.stores.base import Store
-from idempotent_tasks.testing import FakeClock, FaultyStore
+from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
 
 class ValidationError(Exception):
@@ -289,9 +289,8 @@ def test_keys_isolated_per_tenant_and_operation(handler: IdempotencyHandler) -> 
 
 
 def test_recovery_unblocks_crashed_key(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    call = handler.prepare("payments.charge", "acme", "k1", {"amount": 100}, True)
-    assert call is not None
-    assert handler.claim(call).owned  # a worker claimed it, then died
+    simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1",
+                   payload={"amount": 100})  # a worker claimed it, then died
     assert handler.recover_stuck_records() == 0  # lease still live
     clock.advance(31)
     assert handler.recover_stuck_records() == 1
@@ -304,9 +303,7 @@ def test_recovery_unblocks_crashed_key(handler: IdempotencyHandler, clock: FakeC
 
 
 def test_recovery_timeout_filters_on_heartbeat(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    call = handler.prepare("payments.charge", "acme", "k1", None, True)
-    assert call is not None
-    handler.claim(call)
+    simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1")
     clock.advance(31)
     assert handler.recover_stuck_records(timeout=60) == 0
     clock.advance(30)
@@ -315,9 +312,7 @@ def test_recovery_timeout_filters_on_heartbeat(handler: IdempotencyHandler, cloc
 
 def test_recovery_on_stuck_fail_poisons(store: Store, clock: FakeClock) -> None:
     h = make_handler(store, clock, on_stuck="fail")
-    call = h.prepare("payments.charge", "acme", "k1", {"amount": 100}, True)
-    assert call is not None
-    h.claim(call)
+    simulate_crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
     clock.advance(31)
     assert h.recover_stuck_records() == 1
     with pytest.raises(IdempotencyError) as ei:
@@ -327,10 +322,10 @@ def test_recovery_on_stuck_fail_poisons(store: Store, clock: FakeClock) -> None:
 
 def test_expired_lease_taken_over_counts_and_poisons(handler: IdempotencyHandler, clock: FakeClock) -> None:
     for attempt in range(1, 4):  # three runs, each crashing
-        call = handler.prepare("payments.charge", "acme", "k1", {"amount": 100}, True)
-        assert call is not None
-        claim = handler.claim(call)
-        assert claim.owned and claim.retry_count == attempt - 1
+        simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1",
+                       payload={"amount": 100})
+        rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
+        assert rec is not None and rec.retry_count == attempt - 1
         clock.advance(31)  # the owner crashed
     with pytest.raises(IdempotencyError) as ei:
         run(handler, Counter())  # third crash counted: counter reaches max_retries
@@ -341,9 +336,7 @@ def test_expired_lease_taken_over_counts_and_poisons(handler: IdempotencyHandler
 
 def test_on_stuck_fail_duplicate_poisons(store: Store, clock: FakeClock) -> None:
     h = make_handler(store, clock)
-    call = h.prepare("payments.charge", "acme", "k1", {"amount": 100}, True)
-    assert call is not None
-    h.claim(call)
+    simulate_crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
     clock.advance(31)
     body = Counter()
     with pytest.raises(IdempotencyError) as ei:
@@ -552,65 +545,66 @@ def test_owner_paused_past_its_lease_and_released_by_recovery_records_its_result
     assert run(handler, body) == "ran once" and body.calls == 0
 
 
-# -- complete_many: a batch's successes in one store round trip -----------------------------
-def _owned(h: IdempotencyHandler, key: str) -> tuple[Any, Any]:
-    call = h.prepare("payments.charge", "acme", key, {"amount": 1}, True)
-    assert call is not None
-    claim = h.claim(call)
-    assert claim.owned
-    return call, claim
+# -- run_many: a batch's claims (and successes) in one store round trip each -----------------
+def _calls(*keys: str) -> list[dict[str, Any]]:
+    return [{"operation": "payments.charge", "tenant": "acme", "key": k, "payload": {"amount": 1}}
+            for k in keys]
 
 
-def test_complete_many_records_every_success_in_one_store_call(
+def test_run_many_with_batch_completion_records_every_success_in_one_store_call(
     store: Store, clock: FakeClock
 ) -> None:
     faulty = FaultyStore(store)
     h = make_handler(faulty, clock)
-    owned = [_owned(h, k) for k in ("a", "b", "c")]
-    faulty.calls.clear()
-    values = h.complete_many([(c, cl.token, {"key": c.scope.key, "t": (1, 2)}) for c, cl in owned])
-    assert values == [{"key": k, "t": [1, 2]} for k in "abc"]  # the replayable form
-    assert faulty.calls == ["mark_success_many"]
+    outcomes = h.run_many(_calls("a", "b", "c"), lambda c: {"key": c["key"], "t": (1, 2)},
+                          batch_completion=True)
+    assert [o.kind for o in outcomes] == ["executed"] * 3
+    assert [o.result for o in outcomes] == [{"key": k, "t": [1, 2]} for k in "abc"]  # replayable
+    assert faulty.calls == ["create_many", "mark_success_many"]
     for key in "abc":
         body = Counter()
         assert run(h, body, key=key, payload={"amount": 1}) == {"key": key, "t": [1, 2]}
         assert body.calls == 0
 
 
-def test_complete_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -> None:
+def test_run_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -> None:
     h = make_handler(store, clock)
-    (ok, ok_claim), (bad, bad_claim), (stale, stale_claim) = (
-        _owned(h, k) for k in ("ok", "bad", "stale")
-    )
-    clock.advance(31)  # every lease expired; another attempt takes "stale" over
-    newer = h.claim(stale)
-    assert newer.owned and newer.token != stale_claim.token
-    values = h.complete_many([
-        (ok, ok_claim.token, 1), (bad, bad_claim.token, object()), (stale, stale_claim.token, 3),
-    ])
-    assert values[0] == 1
-    assert isinstance(values[1], IdempotencyError)
-    assert values[1].code is ErrorCode.RESPONSE_NOT_SERIALIZABLE
-    assert values[2] == 3  # a stale owner gets its body's result back and writes nothing
+    newer: list[int] = []
+
+    def body(c: dict[str, Any]) -> Any:
+        if c["key"] == "bad":
+            return object()
+        if c["key"] == "stale":  # every lease expires; another attempt takes "stale" over
+            clock.advance(31)
+            newer.append(simulate_crash(h, operation="payments.charge", tenant="acme",
+                                        key="stale", payload={"amount": 1}))
+            return 3
+        return 1
+
+    outcomes = h.run_many(_calls("ok", "bad", "stale"), body, batch_completion=True)
+    assert [o.kind for o in outcomes] == ["executed", "poisoned", "executed"]
+    assert outcomes[0].result == 1
+    assert outcomes[1].error_code is ErrorCode.RESPONSE_NOT_SERIALIZABLE
+    assert outcomes[2].result == 3  # a stale owner gets its body's result back, writes nothing
     records = {k: h.get_record(operation="payments.charge", tenant="acme", key=k)
                for k in ("ok", "bad", "stale")}
     assert {k: r.status if r else None for k, r in records.items()} == {
         "ok": Status.SUCCESS, "bad": Status.FAILED, "stale": Status.PROCESSING,
     }
-    assert records["stale"] is not None and records["stale"].fencing_token == newer.token
+    assert records["stale"] is not None and records["stale"].fencing_token == newer[0]
+    assert newer[0] > outcomes[2].fencing_token  # type: ignore[operator]
 
 
-def test_complete_many_with_the_store_down_reports_each_scope_not_recorded(
+def test_run_many_with_the_store_down_reports_each_scope_not_recorded(
     store: Store, clock: FakeClock
 ) -> None:
     faulty = FaultyStore(store)
     h = make_handler(faulty, clock)
-    owned = [_owned(h, k) for k in ("a", "b")]
     faulty.fail("mark_success_many")
-    values = h.complete_many([(c, cl.token, 1) for c, cl in owned])
-    assert all(isinstance(v, IdempotencyError) for v in values)
-    assert [(v.code, v.key) for v in values] == [
-        (ErrorCode.OUTCOME_NOT_RECORDED, "a"), (ErrorCode.OUTCOME_NOT_RECORDED, "b"),
+    outcomes = h.run_many(_calls("a", "b"), lambda c: 1, batch_completion=True)
+    assert [(o.kind, o.error_code, o.key) for o in outcomes] == [
+        ("store_unavailable", ErrorCode.OUTCOME_NOT_RECORDED, "a"),
+        ("store_unavailable", ErrorCode.OUTCOME_NOT_RECORDED, "b"),
     ]
     faulty.heal()
-    assert h.complete_many([]) == []
+    assert h.run_many([], lambda c: 1) == []

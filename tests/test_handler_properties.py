@@ -1,12 +1,12 @@
-"""Property tests of the handler (DESIGN.md §2) on the MemoryStore.
+"""Property tests of the handler (docs/design.md) on the MemoryStore.
 
 1. Any sequence of deliveries of one scope, each with an outcome drawn from {success,
    permanent failure, transient failure, crash}, interleaved with recovery runs: the body runs
    at most ``max_retries`` times in total and never after a success, every replay equals the
    first fresh result, the retry counter equals the number of counted failures, and every
-   answer and the final state are what §2 says (checked step by step against a small model
+   answer and the final state are what docs/design.md says (checked step by step against a small model
    and, at the end, against a history-based statement of the same rules).
-2. Canonical hashing (§2.1): dict key order and tuple-vs-list never change the request hash;
+2. Canonical hashing (docs/design.md, step 1): dict key order and tuple-vs-list never change the request hash;
    different JSON values always do.
 """
 
@@ -29,8 +29,9 @@ from idempotent_tasks import (
     MemoryStore,
     Status,
 )
-from idempotent_tasks._records import Scope
-from idempotent_tasks.testing import FakeClock
+from idempotent_tasks import Outcome as EngineOutcome
+from idempotent_tasks._core.records import Scope
+from idempotent_tasks.testing import FakeClock, simulate_crash
 
 OP, TENANT, KEY = "payments.charge", "acme", "key-1"
 SCOPE = Scope(TENANT, OP, KEY)
@@ -79,7 +80,7 @@ def roundtrip(value: Any) -> Any:
 # -- 1. delivery sequences ----------------------------------------------------------------------
 @dataclasses.dataclass
 class Model:
-    """One scope's state as §2 describes it."""
+    """One scope's state as docs/design.md describes it."""
 
     max_retries: int
     on_stuck: Literal["retry", "fail"]
@@ -161,14 +162,11 @@ class Harness:
     def deliver(self, outcome: Outcome, value: Any) -> tuple[Any, ...]:
         """One delivery; a crash claims (the body starts) and never finishes."""
         if outcome == "crash":
-            call = self.handler.prepare(OP, TENANT, KEY, PAYLOAD, True)
-            assert call is not None
-            try:
-                claim = self.handler.claim(call)
-            except IdempotencyError as exc:
-                return ("error", exc.code)
-            if not claim.owned:
-                return ("returned", claim.replay)
+            got = simulate_crash(self.handler, operation=OP, tenant=TENANT, key=KEY,
+                                 payload=PAYLOAD)
+            if isinstance(got, EngineOutcome):
+                return ("returned", got.result) if got.kind == "replayed" else (
+                    "error", got.error_code)
             self.body("success", None)  # the body started …
             return ("crashed",)  # … and the worker died inside it
         try:

@@ -26,9 +26,10 @@ from idempotent_tasks import (
     create_logger_adapter,
     current_context,
 )
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock, FaultyStore
+from tests._claims import claimed
 
 OP, TENANT, KEY = "payments.charge", "acme", "k-race"
 SCOPE = Scope(TENANT, OP, KEY)
@@ -301,7 +302,7 @@ def test_concurrent_recovery_handles_each_stuck_record_once(
     scopes = [Scope(TENANT, OP, f"stuck-{i}") for i in range(n)]
     for s in scopes:  # n workers claimed and died inside their bodies
         call = owner.prepare(OP, TENANT, s.key, {"amount": 100}, True)
-        assert call is not None and owner.claim(call).owned
+        assert call is not None and claimed(owner, call)
     clock.advance(LEASE + 1)
 
     write = "record_failure" if on_stuck == "retry" else "mark_failed"

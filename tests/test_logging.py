@@ -1,4 +1,4 @@
-"""Every decision is logged with key, tenant, operation and status (DESIGN.md §5), through the
+"""Every decision is logged with key, tenant, operation and status (docs/operations.md), through the
 default structlog → stdlib logger and through create_logger_adapter; and a library that the
 application did not configure prints nothing."""
 
@@ -19,7 +19,7 @@ from idempotent_tasks import (
     MemoryStore,
     create_logger_adapter,
 )
-from idempotent_tasks.testing import FakeClock, FaultyStore
+from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
 OP = "payments.charge"
 T = "acme"
@@ -71,17 +71,15 @@ def exercise(handler: IdempotencyHandler, clock: FakeClock) -> None:
     _quiet(run, _raise(TimeoutError()), operation=OP, tenant=T, key="k-flaky")  # released
     handler.unpoison(operation=OP, tenant=T, key="k-perm", actor="test")  # unpoisoned
 
-    call = handler.prepare(OP, T, "k-held", None, True)
-    assert call is not None
-    stale = handler.claim(call)  # a worker holds the scope...
-    _quiet(run, lambda: 1, operation=OP, tenant=T, key="k-held")  # duplicate_in_progress
-    clock.advance(handler.defaults.lease_timeout + 1)  # ...and stalls past its lease
-    run(lambda: 2, operation=OP, tenant=T, key="k-held")  # taken_over, executed
-    assert stale.token is not None
-    handler.complete(call, stale.token, 1)  # the stale owner's write: lease_lost
+    def stale() -> int:  # a worker holds the scope...
+        _quiet(run, lambda: 1, operation=OP, tenant=T, key="k-held")  # duplicate_in_progress
+        clock.advance(handler.defaults.lease_timeout + 1)  # ...and stalls past its lease
+        run(lambda: 2, operation=OP, tenant=T, key="k-held")  # taken_over, executed
+        return 1
 
-    crashed = handler.prepare(OP, T, "k-crashed", None, True)
-    assert crashed is not None and handler.claim(crashed).owned
+    run(stale, operation=OP, tenant=T, key="k-held")  # the stale owner's write: lease_lost
+
+    assert isinstance(simulate_crash(handler, operation=OP, tenant=T, key="k-crashed"), int)
     clock.advance(handler.defaults.lease_timeout + 1)
     assert handler.recover_stuck_records() == 1  # recovered
 
@@ -157,7 +155,7 @@ def test_nothing_is_printed_when_the_app_configures_nothing() -> None:
         """
         import structlog
         from idempotent_tasks import IdempotencyHandler, MemoryStore
-        from idempotent_tasks.testing import FakeClock, FaultyStore
+        from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
         from tests.test_logging import exercise
 
         clock = FakeClock()

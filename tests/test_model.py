@@ -12,6 +12,8 @@ are asserted on what the store itself returns:
 * retry counters never decrease, except when an expired record is replaced, a stale counter
   is purged, or an operator resets it;
 * ``create`` never answers DUPLICATE with an expired record (it replaces it);
+* every new attempt's fencing token (chosen by the store) is greater than every token issued
+  for its scope before, and no token is ever issued twice;
 * a conditional write with a stale token changes nothing at all.
 
 One store per test run (a fresh PostgreSQL schema per example would dominate the run time);
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import os
 import uuid
 from collections.abc import Callable
@@ -43,8 +44,8 @@ from hypothesis.stateful import (
 )
 
 from idempotent_tasks import MemoryStore
-from idempotent_tasks._records import CreateResult, Scope, Status, StoredRecord
-from idempotent_tasks.stores.base import ClaimRequest, FailureResult, Store
+from idempotent_tasks._core.records import CreateResult, Scope, Status, StoredRecord
+from idempotent_tasks.stores.base import ClaimRequest, FailureResult, Store, TakeOver
 
 from .conftest import STORE_KINDS, drop_store, make_store
 
@@ -244,7 +245,6 @@ class StoreMachine(RuleBasedStateMachine):
         self.scopes = {k: Scope(self.tenant, "op" if k == "a" else "op:2", k) for k in KEYS}
         self.model = Model()
         self.now = START
-        self.tokens = itertools.count(1)
         self.issued: dict[Scope, list[int]] = {s: [] for s in self.scopes.values()}
         self.last_counts: dict[Scope, int] = dict.fromkeys(self.scopes.values(), 0)
         self.may_decrease: set[Scope] = set()
@@ -281,10 +281,12 @@ class StoreMachine(RuleBasedStateMachine):
         others = [t for s, ts in self.issued.items() if s != scope for t in ts]
         return others[-1:]
 
-    def new_token(self, scope: Scope) -> int:
-        token = next(self.tokens)
+    def note_token(self, scope: Scope, token: int) -> None:
+        """A token the store just issued: greater than every earlier one of its scope, and
+        never issued before to any scope."""
+        assert all(token > t for t in self.issued[scope]), (token, self.issued[scope])
+        assert all(token not in ts for ts in self.issued.values()), token
         self.issued[scope].append(token)
-        return token
 
     def snapshot(self) -> dict[Scope, tuple[StoredRecord | None, int]]:
         return {
@@ -307,10 +309,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.snapshot() == before, "a refused conditional write changed the store"
         return got
 
-    def check_create(self, scope: Scope, result: CreateResult, token: int, h: str) -> None:
+    def check_create(self, scope: Scope, result: CreateResult, h: str) -> None:
+        token = result.record.fencing_token
         created, expected, reset = self.model.create(
             scope, h, token, self.now, self.now + LEASE
         )
+        if created:
+            self.note_token(scope, token)
         assert result.created is created, (result, expected)
         assert result.record.scope == scope
         assert as_model(result.record) == expected, (result.record, expected)
@@ -324,11 +329,10 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(key=scopes, h=st.sampled_from(HASHES))
     def create(self, key: str, h: str) -> None:
         scope = self.scopes[key]
-        token = self.new_token(scope)
         result = self.store.create(
-            scope, request_hash=h, token=token, now=self.now, lease_expires_at=self.now + LEASE
+            scope, request_hash=h, now=self.now, lease_expires_at=self.now + LEASE
         )
-        self.check_create(scope, result, token, h)
+        self.check_create(scope, result, h)
 
     @rule(key=scopes)
     def redeliver(self, key: str) -> None:
@@ -338,26 +342,33 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(keys=st.lists(scopes, min_size=1, unique=True), h=st.sampled_from(HASHES))
     def create_many(self, keys: list[str], h: str) -> None:
-        claims = [ClaimRequest(self.scopes[k], h, self.new_token(self.scopes[k])) for k in keys]
+        claims = [ClaimRequest(self.scopes[k], h) for k in keys]
         results = self.store.create_many(claims, now=self.now, lease_expires_at=self.now + LEASE)
         assert len(results) == len(claims)
         for claim, result in zip(claims, results, strict=True):
-            self.check_create(claim.scope, result, claim.token, h)
+            self.check_create(claim.scope, result, h)
 
     # -- conditional writes -----------------------------------------------------------------
     @rule(key=scopes, pick=picks)
     def take_over(self, key: str, pick: int) -> None:
         scope = self.scopes[key]
         expected = self.token_for(scope, pick)
-        new = self.new_token(scope)
         now, lease = self.now, self.now + LEASE
-        self.conditional(
-            scope, expected,
-            lambda: self.store.take_over(
-                scope, expected_token=expected, new_token=new, now=now, lease_expires_at=lease
-            ),
-            lambda: self.model.take_over(scope, expected, new, now, lease),
-        )
+
+        def write() -> TakeOver | None:
+            return self.store.take_over(
+                scope, expected_token=expected, now=now, lease_expires_at=lease
+            )
+
+        rec = self.model.owned(scope, expected)
+        if rec is None or rec.live_lease(now):  # refused: must change nothing at all
+            self.conditional(scope, expected, write, lambda: None)
+            return
+        got = write()
+        assert got is not None, "take_over of an owned, expired lease was refused"
+        count = self.model.take_over(scope, expected, got.token, now, lease)
+        assert got.retry_count == count, (got, count)
+        self.note_token(scope, got.token)
 
     @rule(key=scopes, pick=picks)
     def heartbeat(self, key: str, pick: int) -> None:
@@ -522,7 +533,7 @@ class StoreMachine(RuleBasedStateMachine):
         for token in dict.fromkeys(tokens):
             attempts = {
                 "take_over": self.store.take_over(
-                    scope, expected_token=token, new_token=NEVER_ISSUED - 1, now=late,
+                    scope, expected_token=token, now=late,
                     lease_expires_at=late + LEASE,
                 ),
                 "heartbeat": self.store.heartbeat(
@@ -618,11 +629,10 @@ def test_store_matches_model(kind: str, tmp_path: Path) -> None:
 # -- the model can fail ---------------------------------------------------------------------------
 class _TakeOverIgnoresLease(MemoryStore):
     def take_over(
-        self, scope: Scope, *, expected_token: int, new_token: int, now: float,
-        lease_expires_at: float,
-    ) -> int | None:
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float,
+    ) -> TakeOver | None:
         return super().take_over(
-            scope, expected_token=expected_token, new_token=new_token, now=now + 10 * LEASE,
+            scope, expected_token=expected_token, now=now + 10 * LEASE,
             lease_expires_at=lease_expires_at,
         )
 
@@ -634,14 +644,20 @@ class _HeartbeatIgnoresToken(MemoryStore):
         return super().heartbeat(scope, token=owner, now=now, lease_expires_at=lease_expires_at)
 
 
+class _ReusesTokens(MemoryStore):
+    """Issues the same token to every attempt: a stale owner could write over a newer one."""
+
+    def _next_token(self) -> int:
+        return 7
+
+
 class _KeepsCounterOnReplace(MemoryStore):
     def create(
-        self, scope: Scope, *, request_hash: str, token: int, now: float, lease_expires_at: float
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
         count = self.get_retry_count(scope)
         result = super().create(
-            scope, request_hash=request_hash, token=token, now=now,
-            lease_expires_at=lease_expires_at,
+            scope, request_hash=request_hash, now=now, lease_expires_at=lease_expires_at,
         )
         for _ in range(count - self.get_retry_count(scope)):
             self._bump(scope, now)
@@ -649,7 +665,8 @@ class _KeepsCounterOnReplace(MemoryStore):
 
 
 @pytest.mark.parametrize(
-    "broken", [_TakeOverIgnoresLease, _HeartbeatIgnoresToken, _KeepsCounterOnReplace]
+    "broken",
+    [_TakeOverIgnoresLease, _HeartbeatIgnoresToken, _KeepsCounterOnReplace, _ReusesTokens],
 )
 def test_the_model_catches_a_broken_store(broken: type[MemoryStore]) -> None:
     """The harness itself can fail: deliberately broken stores are caught (derandomized, so
@@ -666,18 +683,22 @@ def test_cleanup_purges_a_counter_once_its_record_is_gone(store: Store) -> None:
     """base.py: ``delete_expired`` purges "counters whose scope has no record and whose last
     change is older than ``counters_before``".  A cleanup that ran while the scope still had
     a record must not postpone that: otherwise the counter outlives the record it belonged
-    to, and a scope re-created later (DESIGN §2.8: "starts with a fresh counter") inherits
+    to, and a scope re-created later (docs/design.md: "starts with a fresh counter") inherits
     old failures and is poisoned early."""
     s = Scope("t", "op", "k")
     n = START
-    assert store.create(s, request_hash="h", token=1, now=n, lease_expires_at=n + LEASE).created
-    failure = store.record_failure(s, token=1, now=n, max_retries=3, expires_at=n + 100)
+    first = store.create(s, request_hash="h", now=n, lease_expires_at=n + LEASE)
+    assert first.created
+    failure = store.record_failure(
+        s, token=first.record.fencing_token, now=n, max_retries=3, expires_at=n + 100
+    )
     assert failure == FailureResult(1, poisoned=False)  # released; counter 1, changed at n
-    assert store.create(s, request_hash="h", token=2, now=n + 10, lease_expires_at=n + 40).created
+    second = store.create(s, request_hash="h", now=n + 10, lease_expires_at=n + 40)
+    assert second.created
     # a cleanup while the scope has a record: its counter is old, but must stay
     assert store.delete_expired(now=n + 20, counters_before=n + 20, limit=100) == 0
     assert store.get_retry_count(s) == 1
-    assert store.release(s, token=2)
+    assert store.release(s, token=second.record.fencing_token)
     # no record now, and the counter's last change (n) is older than counters_before
     assert store.delete_expired(now=n + 30, counters_before=n + 15, limit=100) == 0
     assert store.get_retry_count(s) == 0, "a stale counter without a record was not purged"

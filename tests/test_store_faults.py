@@ -1,7 +1,7 @@
 """Store faults against real servers: slow links, dropped connections, an exhausted pool, a
 PostgreSQL restart and a Redis server killed with SIGKILL.
 
-What must hold (DESIGN.md §2.6): a store that cannot be reached before the body runs gives
+What must hold (docs/design.md, "The algorithm", step 7): a store that cannot be reached before the body runs gives
 ``STORE_UNAVAILABLE`` and the body does not run (fail closed), within the store's timeouts —
 never a hang; once the store is back, the very next calls work with no manual step; a
 connection lost while the body ran is retried (bounded) for the outcome write.
@@ -28,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, Status
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FaultyStore
 
@@ -215,7 +215,7 @@ def test_connection_dropped_while_the_body_runs_outcome_is_retried(
     proxied: tuple[TCPProxy, Store],
 ) -> None:
     """The body runs, the link dies before ``mark_success``: the write is retried with
-    backoff (§2.6) and lands once the link is back — no OUTCOME_NOT_RECORDED, no re-run."""
+    backoff (docs/design.md, step 7) and lands once the link is back — no OUTCOME_NOT_RECORDED, no re-run."""
     proxy, store = proxied
     faulty = FaultyStore(store)
     attempts: list[int] = []

@@ -1,4 +1,4 @@
-"""Exactly-once effects in one transaction (DESIGN.md §2b), on SQLite and PostgreSQL."""
+"""Exactly-once effects in one transaction (docs/transactional.md), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from .._core.errors import ConfigurationError
+
 DEFAULT_MAX_ENTRIES = 10_000
 
 
@@ -25,7 +27,7 @@ class MemoryCache:
         clock: Callable[[], float] | None = None,
     ) -> None:
         if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
+            raise ConfigurationError("max_entries must be at least 1")
         self.max_entries = max_entries
         self.clock: Callable[[], float] = clock or time.time
         self._lock = threading.Lock()

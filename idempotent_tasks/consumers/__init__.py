@@ -1,4 +1,4 @@
-"""At-least-once consumers with exactly-once effects (DESIGN.md §4, "Message consumers").
+"""At-least-once consumers with exactly-once effects (docs/consumers.md).
 
 :class:`IdempotentConsumer` turns one broker message into one :class:`Outcome`; the loops in
 :mod:`idempotent_tasks.consumers.kafka` (confluent-kafka) and
@@ -10,8 +10,9 @@ neither.
 
 from __future__ import annotations
 
-from ._core import IdempotentConsumer
+from .._core.outcome import Outcome, OutcomeKind
+from ._consumer import IdempotentConsumer
 from ._loop import install_signal_handlers
-from ._message import Message, Outcome, OutcomeKind
+from ._message import Message
 
 __all__ = ["IdempotentConsumer", "Message", "Outcome", "OutcomeKind", "install_signal_handlers"]

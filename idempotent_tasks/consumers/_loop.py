@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from .._errors import ConfigurationError
-from .._handler import IdempotencyHandler
-from .._maintenance import MaintenanceRunner, MaintenanceSchedule
-from ._message import Message, Outcome
+from .._core.errors import ConfigurationError
+from .._core.handler import IdempotencyHandler
+from .._core.outcome import Outcome
+from .._core.runner import MaintenanceRunner, MaintenanceSchedule
+from ._message import Message
 
 DEFAULT_RETRY_BACKOFF = (0.5, 30.0)
 

@@ -1,4 +1,5 @@
-"""The broker-neutral message, the per-message outcome, and the header conventions.
+"""The broker-neutral message and the header conventions (the per-message outcome is the
+engine's one :class:`~idempotent_tasks.Outcome`).
 
 Header names are matched case-insensitively and ``-`` and ``_`` are interchangeable, so
 ``Idempotency-Key``, ``idempotency_key`` and ``IDEMPOTENCY-KEY`` are one header.  Values are
@@ -12,29 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from .._errors import ErrorCode
+from .._core import keys
+from .._core.errors import ErrorCode
+from .._core.outcome import Outcome
 
-OutcomeKind = Literal[
-    "executed",
-    "replayed",
-    "in_progress",
-    "failed",
-    "poisoned",
-    "rejected",
-    "store_unavailable",
-]
-
-#: Outcomes after which the message is done: commit / ack (after dead-lettering when asked).
-SETTLED_KINDS: frozenset[str] = frozenset({"executed", "replayed", "poisoned", "rejected"})
-#: Outcomes whose message goes to the dead-letter destination before it is committed / acked.
-DEAD_LETTER_KINDS: frozenset[str] = frozenset({"poisoned", "rejected"})
-#: Outcomes whose message is *not* committed / acked: the same message is retried later.
-RETRY_KINDS: frozenset[str] = frozenset({"in_progress", "failed", "store_unavailable"})
-
-KEY_HEADER = "idempotency-key"
-TENANT_HEADER = "idempotency-tenant"
+KEY_HEADER = keys.KEY_HEADER
+TENANT_HEADER = keys.TENANT_HEADER
 ERROR_CODE_HEADER = "idempotency-error-code"
 ERROR_HEADER = "idempotency-error"
 ORIGINAL_TOPIC_HEADER = "idempotency-original-topic"
@@ -82,40 +68,6 @@ class Message:
             if isinstance(raw, str) and normalize_header_name(raw) == wanted:
                 return value
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What happened to one message; loops ack/commit (or not) from ``kind`` alone.
-
-    ``error_code`` is the library's code for every kind but ``executed`` / ``replayed``; a body
-    that failed also names its exception class in ``error``.  ``detail`` is a human-readable
-    sentence for logs and dead-letter headers.
-    """
-
-    kind: OutcomeKind
-    result: Any = None
-    error_code: ErrorCode | None = None
-    error: str | None = None
-    detail: str | None = None
-    tenant: str | None = None
-    key: str | None = None
-    retry_count: int = 0
-
-    @property
-    def settled(self) -> bool:
-        """True when the message is done: commit / ack it (dead-letter first if asked)."""
-        return self.kind in SETTLED_KINDS
-
-    @property
-    def dead_letter(self) -> bool:
-        """True for ``poisoned`` and ``rejected``: the message goes to the dead letters."""
-        return self.kind in DEAD_LETTER_KINDS
-
-    @property
-    def retry(self) -> bool:
-        """True when the message must come back later (not committed / acked)."""
-        return self.kind in RETRY_KINDS
 
 
 def header_text(value: Any) -> Any:

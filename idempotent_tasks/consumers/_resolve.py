@@ -1,4 +1,4 @@
-"""Where a message's key, tenant and payload come from (DESIGN.md §4, "Message consumers").
+"""Where a message's key, tenant and payload come from (docs/consumers.md).
 
 Key, in order: a ``key=`` function of the message; else the ``idempotency-key`` header; else
 the CloudEvents ``source`` + ``id`` (binary mode: ``ce_source``/``ce_id`` Kafka headers or
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._errors import ErrorCode, IdempotencyError, InvalidInputError
+from .._core.errors import ErrorCode, IdempotencyError, InvalidInputError
 from ._message import KEY_HEADER, TENANT_HEADER, Message
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json"

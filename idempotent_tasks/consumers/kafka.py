@@ -29,7 +29,7 @@ Spec sheet
   group must not skip messages produced before it joined).
 * **Crashes**: a killed loop leaves its uncommitted messages to the group; claimed scopes stay
   PROCESSING until their leases expire, then a redelivery takes them over (one attempt
-  counted), see DESIGN.md §2c.  Background recovery/cleanup runs in the loop's process
+  counted), see docs/guarantees.md.  Background recovery/cleanup runs in the loop's process
   (:class:`~idempotent_tasks._maintenance.MaintenanceRunner`, one worker per job fleet-wide).
 * **Stop**: ``run(fn, stop=event)`` returns after the message in hand; without ``stop`` the
   loop installs SIGTERM/SIGINT handlers and runs until one arrives.  A body must finish within
@@ -44,8 +44,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ConfigurationError
-from ._core import IdempotentConsumer
+from .._core.errors import ConfigurationError
+from .._core.outcome import Outcome
+from ._consumer import IdempotentConsumer
 from ._loop import (
     DEFAULT_RETRY_BACKOFF,
     Backoff,
@@ -57,7 +58,6 @@ from ._loop import (
 from ._message import (
     DEAD_LETTER_HEADERS,
     Message,
-    Outcome,
     dead_letter_headers,
     header_text,
     normalize_header_name,

@@ -34,7 +34,7 @@ Spec sheet
   requeues unacked messages of a dead channel), waits with backoff, reconnects, redeclares and
   resumes.  Configuration errors are not retried.
 * **Crashes**: an unacked message comes back; a claimed scope stays PROCESSING until its lease
-  expires and a redelivery takes it over (one attempt counted), see DESIGN.md §2c.
+  expires and a redelivery takes it over (one attempt counted), see docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._errors import ConfigurationError, IdempotencyError
-from ._core import IdempotentConsumer
+from .._core.errors import ConfigurationError, IdempotencyError
+from .._core.outcome import Outcome
+from ._consumer import IdempotentConsumer
 from ._loop import (
     DEFAULT_RETRY_BACKOFF,
     Backoff,
@@ -60,7 +61,6 @@ from ._loop import (
 from ._message import (
     DEAD_LETTER_HEADERS,
     Message,
-    Outcome,
     dead_letter_headers,
     header_text,
     normalize_header_name,

@@ -25,10 +25,11 @@ from typing import Any
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
-from .._handler import IdempotencyHandler
-from .._records import Status
-from .._urls import store_from_url
+from .._core.handler import IdempotencyHandler
+from .._core.records import Status
 from ..celery import RECOVER_TASK, IdempotentTask, setup
+from ..stores.urls import store_from_url
+from ..testing import simulate_crash
 from ._report import ScenarioLine
 
 INTEGRATION = "celery"
@@ -219,10 +220,11 @@ def _flaky(demo: _Demo) -> ScenarioLine:
 def _crash(demo: _Demo) -> ScenarioLine:
     key = demo.key("crash")
     h = demo.handler
-    call = h.prepare("demo.celery.crash", TENANT, key, {"args": ["o-5"], "kwargs": {}}, True)
-    assert call is not None
-    h.claim(call)  # a worker claimed the scope, then died without a trace
-    record = h.store.get(call.scope)
+    simulate_crash(  # a worker claimed the scope, then died without a trace
+        h, operation="demo.celery.crash", tenant=TENANT, key=key,
+        payload={"args": ["o-5"], "kwargs": {}},
+    )
+    record = h.get_record(operation="demo.celery.crash", tenant=TENANT, key=key)
     lease_end = record.lease_expires_at if record and record.lease_expires_at else 0.0
     _wait_until(lambda: h.clock() > lease_end)
     _, handled = _get(demo.app.send_task(RECOVER_TASK))  # what beat runs every 5 minutes

@@ -24,9 +24,10 @@ import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware
 
-from .._handler import IdempotencyHandler
-from .._records import Status
+from .._core.handler import IdempotencyHandler
+from .._core.records import Status
 from ..dramatiq import IdempotencyMiddleware, IdempotencyRetry, idempotent_actor
+from ..testing import simulate_crash
 from ._report import ScenarioLine
 
 INTEGRATION = "dramatiq"
@@ -226,9 +227,8 @@ def _flaky(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> 
 def _crash(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> ScenarioLine:
     key = demo.key("crash")
     payload = {"args": ["o-5"], "kwargs": {}}
-    call = demo.handler.prepare("demo_crash", TENANT, key, payload, True)
-    assert call is not None
-    demo.handler.claim(call)  # a worker claimed the scope, then died without a trace
+    # a worker claimed the scope, then died without a trace
+    simulate_crash(demo.handler, operation="demo_crash", tenant=TENANT, key=key, payload=payload)
     recovered = _wait_until(
         lambda: demo.handler.get_record(operation="demo_crash", tenant=TENANT, key=key) is None,
         timeout=10,

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from .._urls import redact_url, store_from_url, url_scheme
+from ..stores.urls import redact_url, store_from_url, url_scheme
 from ._report import ScenarioLine
 
 Runner = Callable[[str, Path], Iterable[ScenarioLine]]
@@ -283,10 +283,9 @@ def _memory_shared(url: str) -> str:
 
 def run_demo(store_url: str | None = None, *, keep: bool = False,
              console: Console | None = None) -> int:
-    """Run the demo and print its report; returns the exit code (0: all as guaranteed)."""
-    from .._cli.app import make_console
-
-    console = console or make_console()
+    """Run the demo and print its report; returns the exit code (0: all as guaranteed, 1:
+    not).  ``idempotent-tasks demo`` passes the CLI's console."""
+    console = console or Console(highlight=False)
     workdir = Path(tempfile.mkdtemp(prefix="idempotent-tasks-demo-"))
     url = _memory_shared(store_url) if store_url else f"sqlite:///{workdir / 'demo.db'}"
     console.print(Panel.fit(
@@ -302,13 +301,3 @@ def run_demo(store_url: str | None = None, *, keep: bool = False,
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0 if report.ok else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m idempotent_tasks.demo [--store URL] [--keep]``: the same as
-    ``idempotent-tasks demo``, with the CLI's error handling and exit codes."""
-    import sys
-
-    from ..cli import main as cli_main
-
-    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])

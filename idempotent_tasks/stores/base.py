@@ -9,10 +9,15 @@ their own for anything the contract depends on.
 Rules every implementation follows (the contract test suite checks each one):
 
 * ``create`` is atomic: of any number of concurrent callers for one scope exactly one gets
-  ``CREATED``.  A record whose ``expires_at`` is set and ``<= now`` counts as absent and is
+  ``CREATED``, and the *store* picks the new attempt's fencing token (returned in the
+  record).  A record whose ``expires_at`` is set and ``<= now`` counts as absent and is
   replaced atomically; replacing an expired record also resets the scope's retry counter
   (a scope re-created after expiry starts fresh).  ``DUPLICATE`` carries the existing record,
   read in the same round trip.
+* Fencing tokens are monotonic per scope: every new attempt (a first claim, a claim after a
+  release or after expiry, a takeover) gets a token greater than every earlier attempt's
+  token of that scope, and no two attempts share one.  A store-wide (or per-shard) sequence
+  advanced inside the claim's own atomic step is the usual way; it costs no round trip.
 * Every write on an existing record is conditional on ``status == PROCESSING`` **and**
   ``fencing_token == token``; a write whose condition fails changes nothing and reports it.
 * The retry counter lives apart from the record: releasing or deleting a record never
@@ -30,15 +35,23 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .._records import CreateResult, Scope, Status, StoredRecord
+from .._core.records import CreateResult, Scope, Status, StoredRecord
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
-    """One scope to claim in ``create_many``."""
+    """One scope to claim in ``create_many`` (the store picks its token)."""
 
     scope: Scope
     request_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """What a successful ``take_over`` did: the counter after the increment (the crashed
+    attempt counts) and the new attempt's fencing token."""
+
+    retry_count: int
     token: int
 
 
@@ -62,24 +75,17 @@ class FailureResult:
 
 
 @runtime_checkable
-class Store(Protocol):
-    """The atomic primitives the handler builds on."""
+class HotPathStore(Protocol):
+    """What every delivery uses: claim, decide, renew, record."""
 
     #: Label for metrics and logs, e.g. ``"memory"``, ``"sqlite"``, ``"postgresql"``, ``"redis"``.
     name: str
 
     def create(
-        self, scope: Scope, *, request_hash: str, token: int, now: float, lease_expires_at: float
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
-        """Insert a PROCESSING record owned by ``token``, or return the live existing one."""
-        ...
-
-    def create_many(
-        self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
-    ) -> list[CreateResult]:
-        """``create`` for many scopes in one round trip where the backend allows; results in
-        the order of ``claims``.  Each claim is individually atomic.  Scopes in one call are
-        distinct (the caller de-duplicates)."""
+        """Insert a PROCESSING record with a new fencing token, or return the live existing
+        one (read in the same round trip)."""
         ...
 
     def get(self, scope: Scope) -> StoredRecord | None:
@@ -91,14 +97,13 @@ class Store(Protocol):
         scope: Scope,
         *,
         expected_token: int,
-        new_token: int,
         now: float,
         lease_expires_at: float,
-    ) -> int | None:
+    ) -> TakeOver | None:
         """Atomically, if the record is PROCESSING with ``expected_token`` and its lease has
-        expired (``lease_expires_at <= now``): give it to ``new_token`` with a fresh lease and
-        increment the retry counter (the crashed attempt counts).  Returns the counter after
-        the increment, or ``None`` when the condition did not hold (nothing changed)."""
+        expired (``lease_expires_at <= now``): give it to a new attempt (a new, greater
+        fencing token) with a fresh lease and increment the retry counter (the crashed
+        attempt counts).  ``None`` when the condition did not hold (nothing changed)."""
         ...
 
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
@@ -109,12 +114,6 @@ class Store(Protocol):
         self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
     ) -> bool:
         """PROCESSING + token → SUCCESS with ``response``; False when the condition failed."""
-        ...
-
-    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
-        """``mark_success`` for many scopes in one round trip where the backend allows;
-        results in the order of ``writes``.  Each write is individually conditional on its
-        own status and token.  Scopes in one call are distinct (the caller de-duplicates)."""
         ...
 
     def mark_failed(
@@ -153,13 +152,29 @@ class Store(Protocol):
     def get_retry_count(self, scope: Scope) -> int:
         ...
 
-    def reset_retry_count(self, scope: Scope) -> None:
-        """Operator reset (``unpoison``) only."""
+
+@runtime_checkable
+class BatchStore(Protocol):
+    """Claims and completions for many scopes in one round trip."""
+
+    def create_many(
+        self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
+    ) -> list[CreateResult]:
+        """``create`` for many scopes in one round trip where the backend allows; results in
+        the order of ``claims``.  Each claim is individually atomic.  Scopes in one call are
+        distinct (the caller de-duplicates)."""
         ...
 
-    def delete_record(self, scope: Scope, *, status: Status | None = None) -> StoredRecord | None:
-        """Delete the record (only if it has ``status`` when given); returns what was deleted."""
+    def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
+        """``mark_success`` for many scopes in one round trip where the backend allows;
+        results in the order of ``writes``.  Each write is individually conditional on its
+        own status and token.  Scopes in one call are distinct (the caller de-duplicates)."""
         ...
+
+
+@runtime_checkable
+class MaintenanceStore(Protocol):
+    """Recovery, cleanup and the named leases that schedule them."""
 
     def find_stuck(
         self, *, now: float, heartbeat_before: float | None, limit: int
@@ -173,6 +188,27 @@ class Store(Protocol):
         counters whose scope has no record and whose last change is older than
         ``counters_before`` (oldest first).  Returns the number of records purged.  Safe to
         run from many workers at once."""
+        ...
+
+    def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
+        """A named lease for maintenance jobs: True if ``owner`` now holds ``name`` until
+        ``now + ttl`` (free, expired, or already ours — then extended)."""
+        ...
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        ...
+
+
+@runtime_checkable
+class AdminStore(Protocol):
+    """What operators (CLI, admin pages) and deployments use."""
+
+    def delete_record(self, scope: Scope, *, status: Status | None = None) -> StoredRecord | None:
+        """Delete the record (only if it has ``status`` when given); returns what was deleted."""
+        ...
+
+    def reset_retry_count(self, scope: Scope) -> None:
+        """Operator reset (``unpoison``) only."""
         ...
 
     def list_records(
@@ -191,20 +227,17 @@ class Store(Protocol):
         """Counts of records by (operation, status)."""
         ...
 
-    def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
-        """A named lease for maintenance jobs: True if ``owner`` now holds ``name`` until
-        ``now + ttl`` (free, expired, or already ours — then extended)."""
-        ...
-
-    def release_lock(self, name: str, *, owner: str) -> None:
-        ...
-
     def create_schema(self) -> None:
         """Create tables/scripts if missing; idempotent.  A no-op where nothing is needed."""
         ...
 
     def close(self) -> None:
         ...
+
+
+@runtime_checkable
+class Store(HotPathStore, BatchStore, MaintenanceStore, AdminStore, Protocol):
+    """The whole contract: every store implements all four parts."""
 
 
 class BodyTransaction(Protocol):

@@ -3,6 +3,8 @@
 * Guarantee: every primitive is atomic within one process (one ``threading.Lock``);
   nothing survives the process.  Use it in unit tests and in users' own test suites.
 * Atomic primitive: the lock around a dict keyed by :class:`Scope`.
+* Fencing tokens: one counter for the whole store, advanced under the lock by every claim
+  and takeover, so tokens grow per scope (and overall) and are never reused.
 * TTL: nothing expires by itself; ``create`` treats ``expires_at <= now`` as absent and
   ``delete_expired`` purges, exactly like the durable stores.
 * URL: ``memory://``.
@@ -15,8 +17,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
-from .base import ClaimRequest, FailureResult, SuccessWrite
+from .._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 
 
 @dataclasses.dataclass(slots=True)
@@ -35,32 +37,39 @@ class MemoryStore:
         self._records: dict[Scope, StoredRecord] = {}
         self._counters: dict[Scope, _Counter] = {}
         self._locks: dict[str, tuple[str, float]] = {}
+        self._last_token = 0
 
     # -- claims -------------------------------------------------------------------------
     def create(
-        self, scope: Scope, *, request_hash: str, token: int, now: float, lease_expires_at: float
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
         with self._lock:
-            return self._create(scope, request_hash, token, now, lease_expires_at)
+            return self._create(scope, request_hash, now, lease_expires_at)
 
     def create_many(
         self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
     ) -> list[CreateResult]:
         with self._lock:
             return [
-                self._create(c.scope, c.request_hash, c.token, now, lease_expires_at)
+                self._create(c.scope, c.request_hash, now, lease_expires_at)
                 for c in claims
             ]
 
+    def _next_token(self) -> int:
+        self._last_token += 1
+        return self._last_token
+
     def _create(
-        self, scope: Scope, request_hash: str, token: int, now: float, lease_expires_at: float
+        self, scope: Scope, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
         existing = self._records.get(scope)
         if existing is not None:
             if existing.expires_at is None or existing.expires_at > now:
                 return CreateResult(CreateOutcome.DUPLICATE, existing)
             self._counters.pop(scope, None)  # re-created after expiry: a fresh counter
-        record = StoredRecord.claimed(scope, request_hash, token, now, lease_expires_at)
+        record = StoredRecord.claimed(
+            scope, request_hash, self._next_token(), now, lease_expires_at
+        )
         self._records[scope] = record
         return CreateResult(CreateOutcome.CREATED, record)
 
@@ -93,18 +102,18 @@ class MemoryStore:
         scope: Scope,
         *,
         expected_token: int,
-        new_token: int,
         now: float,
         lease_expires_at: float,
-    ) -> int | None:
+    ) -> TakeOver | None:
         with self._lock:
             record = self._owned(scope, expected_token)
             if record is None or _lease_live(record, now):
                 return None
+            token = self._next_token()
             self._update(
-                record, fencing_token=new_token, lease_expires_at=lease_expires_at, updated_at=now
+                record, fencing_token=token, lease_expires_at=lease_expires_at, updated_at=now
             )
-            return self._bump(scope, now)
+            return TakeOver(self._bump(scope, now), token)
 
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         with self._lock:

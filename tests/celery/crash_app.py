@@ -3,7 +3,7 @@
 Configured from the environment by the test.  The body of ``crash.charge`` writes
 ``started-<n>`` (with its pid) before its effect; on its first attempt it then blocks until it
 is killed.  A later attempt appends the effect line to ``effects`` and returns: the test then
-expects exactly one effect (DESIGN.md §2c: kill inside the body *before* the effect).
+expects exactly one effect (docs/guarantees.md: kill inside the body *before* the effect).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery, signals
 
 from idempotent_tasks import IdempotencyHandler, MemoryStore, Status, create_logger_adapter
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.celery import (
     CLEANUP_TASK,
     RECOVER_TASK,
@@ -20,6 +20,7 @@ from idempotent_tasks.celery import (
     idempotent_task,
     setup,
 )
+from tests._claims import claimed
 
 from .conftest import Counter, key, wait_for
 
@@ -157,7 +158,7 @@ def test_worker_maintenance_runs_recovery_under_a_store_lease() -> None:
     assert RECOVER_TASK in app.tasks and CLEANUP_TASK in app.tasks
     call = handler.prepare("m.op", "t", key(), {"x": 1}, True, lease_timeout=0.01)
     assert call is not None
-    handler.claim(call)  # the claiming worker "died"
+    claimed(handler, call)  # the claiming worker "died"
     worker = FakeWorker(app)
     signals.worker_ready.send(sender=worker)
     try:
@@ -180,7 +181,7 @@ def test_worker_maintenance_ignores_other_apps() -> None:
 def test_errors_keep_their_code_through_the_json_result_format() -> None:
     from celery.backends.base import Backend
 
-    from idempotent_tasks._errors import ErrorCode, InvalidInputError
+    from idempotent_tasks._core.errors import ErrorCode, InvalidInputError
 
     backend = Backend(Celery("ser", set_as_current=False), serializer="json")
     err = InvalidInputError("tenant is required", code=ErrorCode.MISSING_TENANT,

@@ -1,4 +1,4 @@
-"""``transactional=True``: the body's writes and the SUCCESS record commit together (§2b),
+"""``transactional=True``: the body's writes and the SUCCESS record commit together (docs/transactional.md),
 through a real worker, on SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from celery import Celery, chain, chord, group, signals
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from idempotent_tasks import IdempotencyHandler, SQLStore, Status, current_context
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.celery import (
     CLEANUP_TASK,
     KEY_HEADER,
@@ -32,6 +32,7 @@ from idempotent_tasks.celery import (
     setup,
 )
 from idempotent_tasks.testing import FaultyStore
+from tests._claims import claimed
 
 from .conftest import RESULT_TIMEOUT, Counter, key, new_app, running_worker, wait_for
 
@@ -429,7 +430,7 @@ def test_beat_entries_and_maintenance_tasks(env: Env) -> None:
     call = h.prepare("t.charge", TENANT, k, {"args": ["o-stuck", 1], "kwargs": {}}, True,
                      lease_timeout=0.01)
     assert call is not None
-    h.claim(call)
+    claimed(h, call)
     wait_for(lambda: h.clock() > env.record(env.tasks["charge"], k).lease_expires_at)
     assert get(env.app.send_task(RECOVER_TASK)) >= 1
     assert env.record(env.tasks["charge"], k) is None

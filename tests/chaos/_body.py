@@ -4,7 +4,7 @@ A body writes exactly one ledger row per *execution* (never per delivery) and re
 ``{"key": key, "token": token}``, the token being unique to that execution and also stored in
 its row, so the harness can tell which execution a stored or replayed result came from.
 
-``transactional`` bodies write the row through the store's transaction (DESIGN.md §2b);
+``transactional`` bodies write the row through the store's transaction (docs/transactional.md);
 ``plain`` bodies commit it on their own connection before the outcome is written — the window
 in which a crash leaves an effect behind a PROCESSING record.  A few *crash keys* make that
 window certain: the first execution of such a key kills its own worker process group right
@@ -102,7 +102,7 @@ class LedgerWriter:
         return {"key": key, "token": token}
 
     def transactional(self, conn: Any, key: str) -> dict[str, str]:
-        """The effect is written in the transaction that also records SUCCESS (§2b)."""
+        """The effect is written in the transaction that also records SUCCESS (docs/transactional.md)."""
         token = uuid.uuid4().hex
         conn.execute(
             self._insert_tx,

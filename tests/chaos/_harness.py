@@ -9,7 +9,7 @@ SIGKILLs of random workers (restarted at once), SIGSTOP/SIGCONT longer than the 
 connection faults, a PostgreSQL restart and a Redis (cache) outage.  A sampler reads the retry
 counters all along.  At the end the run drains, waits for every lease to expire, runs
 ``recover_stuck_records()``, drains again and checks (``_verdict.py``), per ledger profile
-(DESIGN.md §2c):
+(docs/guarantees.md):
 
 * ``transactional`` — exactly one ledger row per operation: 0 doubles, 0 losses;
 * ``plain`` — 0 losses; every double is explained by a counted retry of that scope

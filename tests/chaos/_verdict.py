@@ -1,4 +1,4 @@
-"""The verdict on a chaos run: the checks (DESIGN.md §2c, see ``_harness.py``) and the
+"""The verdict on a chaos run: the checks (docs/guarantees.md, see ``_harness.py``) and the
 summary table."""
 
 from __future__ import annotations

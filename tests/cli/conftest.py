@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from idempotent_tasks import IdempotencyHandler
-from idempotent_tasks._urls import store_from_url
 from idempotent_tasks.cli import cli
 from idempotent_tasks.stores.base import Store
-from idempotent_tasks.testing import FakeClock
+from idempotent_tasks.stores.urls import store_from_url
+from idempotent_tasks.testing import FakeClock, simulate_crash
 
 from .._services import POSTGRES_URL, require
 from ..conftest import drop_store, unique_prefix
@@ -76,8 +76,7 @@ def seed(store: Store) -> None:
         h.execute(_raise(Declined("card declined")), operation=OP, tenant=TENANT,
                   key="k-poisoned", payload={"amount": 5}, permanent=(Declined,))
     clock.advance(1)
-    call = h.prepare(OP, TENANT, "k-stuck", {"amount": 7}, True)
-    assert call is not None and h.claim(call).owned  # ... and the worker dies here
+    simulate_crash(h, operation=OP, tenant=TENANT, key="k-stuck", payload={"amount": 7})
     clock.advance(1)
     h.execute(lambda: "old", operation=OP, tenant=TENANT, key="k-expired", ttl=60.0)
     clock.advance(1)

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from idempotent_tasks import Status
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.cli import (
     EXIT_CONFIGURATION,
     EXIT_RECORD_NOT_FOUND,
@@ -23,7 +23,11 @@ from idempotent_tasks.cli import (
     cli,
     main,
 )
+from idempotent_tasks.cli._app import cli_logging
+from idempotent_tasks.testing import simulate_crash
 
+from .._services import POSTGRES_URL, require
+from ..conftest import unique_prefix
 from .conftest import OP, OTHER_OP, OTHER_TENANT, PAST, TENANT, Seeded
 
 
@@ -188,8 +192,7 @@ def test_recover_dry_run_predicts_poisoning(seeded: Seeded) -> None:
 def test_recover_all_repeats_batches(seeded: Seeded) -> None:
     h = seeded.handler()
     for i in range(3):
-        call = h.prepare(OP, TENANT, f"crash-{i}", None, True, lease_timeout=0.01)
-        assert call is not None and h.claim(call).owned
+        simulate_crash(h, operation=OP, tenant=TENANT, key=f"crash-{i}", lease_timeout=0.01)
     time.sleep(0.05)
     done = _json(seeded.run("recover", "--all", "--limit", "2", "--json"))
     assert done == {"recovered": 4, "batches": 3}  # 2 + 2 + an empty last batch
@@ -296,6 +299,46 @@ def test_store_unavailable_exit_code_without_traceback(scheme: str, command: lis
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("command", [["stats"], ["list"], ["inspect", "t", "op", "k"],
+                                     ["recover"], ["cleanup", "--dry-run"]])
+def test_missing_schema_says_run_migrate_once(
+    backend: str, command: list[str], tmp_path: Path
+) -> None:
+    if backend == "sqlite":
+        args = ["--store", f"sqlite:///{tmp_path / 'never-migrated.db'}"]
+    else:
+        require("postgres")
+        args = ["--store", POSTGRES_URL, "--prefix", unique_prefix("nomigrate")]
+    result = CliRunner().invoke(cli, [*args, *command])
+    assert result.exit_code == EXIT_CONFIGURATION == 5, result.output
+    assert result.stderr == "error: schema not created: run `idempotent-tasks migrate`\n"
+    assert result.stdout == ""
+
+
+def test_an_error_is_printed_once_not_also_as_a_log_line() -> None:
+    """The store's error log line describes the very error the CLI reports: not repeated."""
+    result = CliRunner().invoke(cli, ["--store", f"redis://127.0.0.1:{_closed_port()}/0",
+                                      "--log-level", "debug", "stats"])
+    assert result.exit_code == EXIT_STORE_UNAVAILABLE
+    assert result.stderr.startswith("error: STORE_UNAVAILABLE: ")
+    assert result.stderr.count("STORE_UNAVAILABLE") == 1
+    assert "ERROR idempotent_tasks" not in result.stderr
+
+
+def test_error_log_lines_of_a_command_that_succeeds_are_still_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Error lines are held until the command ends, and shown when it did not fail."""
+    with cli_logging("warning") as handler:
+        logging.getLogger("idempotent_tasks").error("store_error call='get'")
+        logging.getLogger("idempotent_tasks").warning("recovered")
+        assert handler is not None and len(handler.held) == 1
+        assert "recovered" in capsys.readouterr().err  # not held
+    err = capsys.readouterr().err
+    assert "ERROR idempotent_tasks: store_error call='get'" in err
 
 
 def test_bad_url_is_a_configuration_error() -> None:

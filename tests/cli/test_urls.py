@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from idempotent_tasks import ConfigurationError, MemoryStore
-from idempotent_tasks._urls import redact_url, store_from_url, url_scheme
+from idempotent_tasks.stores.urls import redact_url, store_from_url, url_scheme
 
 
 def test_memory_urls() -> None:

@@ -24,6 +24,7 @@ from idempotent_tasks.consumers import IdempotentConsumer, Message, Outcome
 from idempotent_tasks.consumers._message import dead_letter_headers, header_text
 from idempotent_tasks.consumers._resolve import cloudevents_key
 from idempotent_tasks.testing import FakeClock, FaultyStore
+from tests._claims import claimed
 
 
 class ValidationError(Exception):
@@ -318,7 +319,7 @@ def test_crashed_attempt_is_taken_over_after_lease_expiry() -> None:
     consumer = make(clock=clock)
     h = consumer.handler
     call = h.prepare("orders.created", "acme", "k-1", {"n": 1}, True)
-    assert call is not None and h.claim(call).owned  # a worker claimed, then died
+    assert call is not None and claimed(h, call)  # a worker claimed, then died
     body = Recorder()
     assert consumer.process(msg(), body).kind == "in_progress"
     clock.advance(31)

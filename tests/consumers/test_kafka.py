@@ -15,6 +15,7 @@ from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler, 
 from idempotent_tasks.consumers import IdempotentConsumer, Message, Outcome
 from idempotent_tasks.consumers.kafka import KafkaConsumerLoop, consumer_config
 from idempotent_tasks.testing import FaultyStore
+from tests._claims import claimed, completed
 
 from .conftest import committed, create_topic, kafka_config, produce, read_all, wait_for
 
@@ -182,7 +183,7 @@ def test_a_retried_partition_does_not_stall_the_others(kafka_bootstrap: str) -> 
     handler = consumer.handler
     busy = handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
     assert busy is not None
-    claim = handler.claim(busy)  # another worker holds this scope
+    claim = claimed(handler, busy)  # another worker holds this scope
     produce(kafka_bootstrap, topic, [
         {**record({"i": "busy"}, "busy"), "partition": 0},
         {**record({"i": "after"}, "after"), "partition": 0},
@@ -203,7 +204,7 @@ def test_a_retried_partition_does_not_stall_the_others(kafka_bootstrap: str) -> 
         wait_for(lambda: seen.kinds()["in_progress"] >= 3, 30, "partition 0 retried")
         assert committed(kafka_bootstrap, config["group.id"], topic, 2)[0] == -1001
         assert "after" not in ran  # ordering: nothing behind the waiting message ran
-        assert handler.complete(busy, claim.token, "by-the-other-worker")  # type: ignore[arg-type]
+        assert completed(handler, busy, claim, "by-the-other-worker")
         wait_for(lambda: committed(kafka_bootstrap, config["group.id"], topic, 2) == [2, 5],
                  30, "partition 0 committed after the other worker finished")
     assert ran == [0, 1, 2, 3, 4, "after"]

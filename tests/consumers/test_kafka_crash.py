@@ -1,6 +1,6 @@
 """A consumer process SIGKILLed mid-batch and restarted: every message's effect exactly once.
 
-Per DESIGN.md §2c: in plain mode the kill lands inside the body *before* its effect; with
+Per docs/guarantees.md: in plain mode the kill lands inside the body *before* its effect; with
 ``transactional=True`` it lands after the effect, inside the open transaction, which the
 crash rolls back.  Either way the effects table ends with one row per message, and each
 message that was claimed by the killed batch but not finished counts one attempt.

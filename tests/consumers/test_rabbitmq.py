@@ -16,6 +16,7 @@ from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, Me
 from idempotent_tasks.consumers import IdempotentConsumer, Message, Outcome
 from idempotent_tasks.consumers.rabbitmq import RabbitMQConsumerLoop
 from idempotent_tasks.testing import FaultyStore
+from tests._claims import claimed, completed
 
 from .._services import RABBITMQ_URL
 from .conftest import wait_for
@@ -215,7 +216,7 @@ def test_in_progress_message_is_held_without_blocking_others(rabbit_queue: str) 
     handler = consumer.handler
     busy = handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
     assert busy is not None
-    claim = handler.claim(busy)
+    claim = claimed(handler, busy)
     seen = Seen()
     loop = RabbitMQConsumerLoop(consumer, RABBITMQ_URL, queue=rabbit_queue, on_outcome=seen,
                                 retry_backoff=(0.1, 0.2), maintenance=False)
@@ -230,7 +231,7 @@ def test_in_progress_message_is_held_without_blocking_others(rabbit_queue: str) 
     with running(loop, body):
         wait_for(lambda: seen.kinds()["executed"] == 5, 20, "others processed")
         wait_for(lambda: seen.kinds()["in_progress"] >= 2, 20, "busy retried")
-        assert handler.complete(busy, claim.token, "theirs")  # type: ignore[arg-type]
+        assert completed(handler, busy, claim, "theirs")
         wait_for(lambda: seen.kinds()["replayed"] == 1, 20, "busy replayed")
     assert ran == [0, 1, 2, 3, 4]
     assert [o.result for _, o in seen.outcomes if o.kind == "replayed"] == ["theirs"]

@@ -3,7 +3,7 @@
 The store is an SQLite file shared by the test and every worker process (the SQL store is
 multi-process safe).  Each test has its own queue / namespace / tables and kills every worker
 process group at teardown.  A crash is a SIGKILL of the whole worker process group while the
-body blocks *before* its effect (DESIGN.md §2c): the broker redelivers the message (RabbitMQ on
+body blocks *before* its effect (docs/guarantees.md): the broker redelivers the message (RabbitMQ on
 connection loss; Redis once the dead worker's heartbeat is older than ``heartbeat_timeout``),
 the new worker finds the scope PROCESSING, retries uncounted until the 2 s lease expires, then
 takes it over (counted) — exactly one effect, ``retry_count == 1``.

@@ -21,6 +21,7 @@ from idempotent_tasks.dramatiq import (
     get_context,
     idempotent_actor,
 )
+from tests._claims import claimed
 
 from .conftest import Env, close_env, make_env
 
@@ -338,7 +339,7 @@ def test_maintenance_runs_in_the_worker_and_recovers_a_crashed_claim() -> None:
 
         # A worker claimed the scope and died (nothing will ever complete it).
         call = env.handler.prepare("job", "acme", "c-1", {"args": [], "kwargs": {}}, True)
-        assert call is not None and env.handler.claim(call).owned
+        assert call is not None and claimed(env.handler, call)
         env.start()
         runner = env.middleware.maintenance_runner
         deadline = time.monotonic() + 10

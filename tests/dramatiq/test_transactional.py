@@ -1,4 +1,4 @@
-"""``transactional=True``: the body's writes and SUCCESS commit together (DESIGN.md §2b)."""
+"""``transactional=True``: the body's writes and SUCCESS commit together (docs/transactional.md)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def _append(name: str, line: str) -> int:
 
 @idempotent_actor(**FAST)
 def crashy(order_id: str) -> str:
-    """First attempt: signal, then block until SIGKILLed, *before* the effect (§2c)."""
+    """First attempt: signal, then block until SIGKILLed, *before* the effect (docs/guarantees.md)."""
     ctx = current_context()
     previous = _append("attempts", f"{order_id} {ctx.retry_count if ctx else '?'}")
     if previous == 0:

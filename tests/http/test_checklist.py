@@ -159,7 +159,9 @@ def test_an_error_response_is_never_recorded_as_success(make: MakeDriver, handle
     assert replay.status == 201 and replay.json()["run"] == 2
 
 
-def test_an_exception_in_the_app_is_transient(make: MakeDriver, handler: IdempotencyHandler) -> None:
+def test_an_exception_in_the_app_is_transient(
+    make: MakeDriver, handler: IdempotencyHandler, http_store: Store
+) -> None:
     script = Script()
     d = make(handler, script)
     key = new_key()
@@ -167,11 +169,11 @@ def test_an_exception_in_the_app_is_transient(make: MakeDriver, handler: Idempot
     assert handler.get_record(operation="POST /crash", tenant="acme", key=key) is None
     assert d.request("POST", "/crash", key=key).status == 500
     assert script.runs == 2
-    assert handler.store.get_retry_count(_scope("POST /crash", key)) == 2
+    assert http_store.get_retry_count(_scope("POST /crash", key)) == 2
 
 
 def _scope(operation: str, key: str, tenant: str = "acme") -> Any:
-    from idempotent_tasks._records import Scope
+    from idempotent_tasks._core.records import Scope
 
     return Scope(tenant, operation, key)
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, MemoryStore
-from idempotent_tasks._http._routes import RouteSettings, RouteTable, default_permanent
 from idempotent_tasks.http import ASGIIdempotencyMiddleware, Route, WSGIIdempotencyMiddleware
+from idempotent_tasks.http._routes import RouteSettings, RouteTable, default_permanent
 
 MIDDLEWARES = [ASGIIdempotencyMiddleware, WSGIIdempotencyMiddleware]
 
@@ -101,7 +101,7 @@ def test_default_classification() -> None:
 
 def test_the_key_header_must_be_single_and_utf8() -> None:
     from idempotent_tasks import InvalidInputError
-    from idempotent_tasks._http._common import decode_key
+    from idempotent_tasks.http._common import decode_key
 
     assert decode_key([]) is None
     assert decode_key(["clé".encode()]) == "clé"

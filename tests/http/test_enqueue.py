@@ -147,3 +147,19 @@ def test_enqueue_once_refuses_what_is_not_a_task() -> None:
 
     with pytest.raises(ConfigurationError):
         handler.execute(lambda: enqueue_once(Named()), operation="op", tenant="t", key="k")
+
+
+def test_enqueue_is_its_own_module_and_serves_any_protected_body() -> None:
+    """``idempotent_tasks.enqueue`` is the home; ``idempotent_tasks.http`` re-exports it, and a
+    body run by the handler directly (a task, a consumer) derives the same keys."""
+    import idempotent_tasks.enqueue as enqueue
+    import idempotent_tasks.http as http
+
+    assert http.enqueue_once is enqueue.enqueue_once
+    assert http.derive_task_key is enqueue.derive_task_key
+    handler = IdempotencyHandler(MemoryStore(), metrics=None)
+    task = RecordingTask()
+    handler.execute(lambda: (enqueue.enqueue_once(task, 1), enqueue.enqueue_once(task, 2)),
+                    operation="op", tenant="t", key="k")
+    keys = [c["headers"]["idempotency_key"] for c in task.calls]
+    assert len(set(keys)) == 2 and {c["headers"]["idempotency_tenant"] for c in task.calls} == {"t"}

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_tasks._records import Scope
+from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import ClaimRequest, Store
 from idempotent_tasks.stores.redis import RedisStore
 
@@ -120,7 +120,7 @@ def test_the_contract_was_collected() -> None:
 def test_records_spread_over_every_master(
     cluster_store: RedisStore, cluster_ports: list[int]
 ) -> None:
-    claims = [ClaimRequest(Scope("t", "op", str(i)), "h", i) for i in range(300)]
+    claims = [ClaimRequest(Scope("t", "op", str(i)), "h") for i in range(300)]
     results = cluster_store.create_many(claims, now=NOW, lease_expires_at=NOW + 30)
     assert all(r.created for r in results)
     per_node = []
@@ -130,9 +130,10 @@ def test_records_spread_over_every_master(
         node.close()
     assert sum(per_node) == 300 and all(n > 0 for n in per_node)
     again = cluster_store.create_many(
-        [ClaimRequest(c.scope, "h", 999) for c in claims], now=NOW, lease_expires_at=NOW + 30
+        [ClaimRequest(c.scope, "h") for c in claims], now=NOW, lease_expires_at=NOW + 30
     )
-    assert [r.record.fencing_token for r in again] == list(range(300))
+    assert [r.record.fencing_token for r in again] == [r.record.fencing_token for r in results]
+    assert len({r.record.fencing_token for r in results}) == 300  # unique across shards
     assert len(cluster_store.find_stuck(now=NOW + 31, heartbeat_before=None, limit=1000)) == 300
 
 
@@ -142,9 +143,7 @@ def test_cluster_url_builds_the_client_on_first_use(cluster_ports: list[int]) ->
     )
     try:
         scope = Scope("t", "op", "k")
-        first: Any = store.create(
-            scope, request_hash="h", token=1, now=NOW, lease_expires_at=NOW + 1
-        )
+        first: Any = store.create(scope, request_hash="h", now=NOW, lease_expires_at=NOW + 1)
         assert first.created
     finally:
         store.drop_schema()

@@ -22,8 +22,13 @@ from typing import Any
 
 import pytest
 
-from idempotent_tasks import ErrorCode, IdempotencyError, StoreUnavailableError
-from idempotent_tasks._records import Scope, Status
+from idempotent_tasks import (
+    ConfigurationError,
+    ErrorCode,
+    IdempotencyError,
+    StoreUnavailableError,
+)
+from idempotent_tasks._core.records import Scope, Status
 from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 from idempotent_tasks.stores.redis import RedisStore, driver_errors
 
@@ -93,8 +98,16 @@ def _pings(port: int) -> bool:
         client.close()
 
 
-def claim(store: Store, scope: Scope = S, token: int = 1, now: float = NOW) -> Any:
-    return store.create(scope, request_hash="h", token=token, now=now, lease_expires_at=now + 30)
+def claim(store: Store, scope: Scope = S, now: float = NOW) -> Any:
+    return store.create(scope, request_hash="h", now=now, lease_expires_at=now + 30)
+
+
+def token_of(store: Store, scope: Scope = S, now: float = NOW) -> int:
+    """Claim ``scope`` (it must be free) and return the new attempt's token."""
+    result = claim(store, scope, now)
+    assert result.created, result
+    token: int = result.record.fencing_token
+    return token
 
 
 # -- fixtures -----------------------------------------------------------------------------
@@ -122,14 +135,12 @@ def raw() -> Iterator[Any]:
 CALLS: dict[str, Callable[[Store], object]] = {
     "create": lambda s: claim(s),
     "create_many": lambda s: s.create_many(
-        [ClaimRequest(S, "h", 1), ClaimRequest(Scope("a", "b", "c"), "h", 2)],
+        [ClaimRequest(S, "h"), ClaimRequest(Scope("a", "b", "c"), "h")],
         now=NOW,
         lease_expires_at=NOW + 1,
     ),
     "get": lambda s: s.get(S),
-    "take_over": lambda s: s.take_over(
-        S, expected_token=1, new_token=2, now=NOW, lease_expires_at=NOW + 1
-    ),
+    "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW + 1),
     "heartbeat": lambda s: s.heartbeat(S, token=1, now=NOW, lease_expires_at=NOW + 1),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
     "mark_success_many": lambda s: s.mark_success_many(
@@ -195,9 +206,9 @@ def test_server_killed_mid_test_then_restarted(tmp_path: Path) -> None:
             with pytest.raises(StoreUnavailableError):
                 CALLS[call](store)
         proc = start_redis(port, tmp_path)  # empty (no persistence) and without our scripts
-        assert claim(store, token=5).created  # NOSCRIPT is handled: scripts load again
-        assert store.mark_success(S, token=5, response=b"ok", now=NOW, expires_at=NOW + 9)
-        replay = claim(store, token=6)
+        token = token_of(store)  # NOSCRIPT is handled: scripts load again
+        assert store.mark_success(S, token=token, response=b"ok", now=NOW, expires_at=NOW + 9)
+        replay = claim(store)
         assert not replay.created and replay.record.response == b"ok"
     finally:
         store.close()
@@ -212,20 +223,26 @@ def test_scripts_flushed_on_the_server_are_loaded_again(tmp_path: Path) -> None:
     try:
         assert claim(store).created
         redis.Redis(port=port).script_flush()
-        assert not claim(store, token=2).created
+        assert not claim(store).created
         results = store.create_many(
-            [ClaimRequest(Scope("t", "op", str(i)), "h", i) for i in range(600)],
+            [ClaimRequest(Scope("t", "op", str(i)), "h") for i in range(600)],
             now=NOW,
             lease_expires_at=NOW + 30,
         )  # more than one script call: the pipeline path
         assert all(r.created for r in results)
         redis.Redis(port=port).script_flush()
         again = store.create_many(
-            [ClaimRequest(Scope("t", "op", str(i)), "h", 9) for i in range(600)],
+            [ClaimRequest(Scope("t", "op", str(i)), "h") for i in range(600)],
             now=NOW,
             lease_expires_at=NOW + 30,
         )
-        assert [r.record.fencing_token for r in again] == list(range(600))
+        assert [r.record.fencing_token for r in again] == [
+            r.record.fencing_token for r in results
+        ]
+        owner = claim(store).record.fencing_token  # S is still claimed: a duplicate
+        redis.Redis(port=port).script_flush()
+        taken = store.take_over(S, expected_token=owner, now=NOW + 31, lease_expires_at=NOW + 61)
+        assert taken is not None and taken.retry_count == 1 and taken.token > owner
     finally:
         store.close()
         stop_redis(proc)
@@ -288,17 +305,31 @@ def test_a_scope_and_its_index_share_one_slot_whatever_its_characters(
     rstore: RedisStore, raw: Any
 ) -> None:
     nasty = Scope("{tenant}", "op}{", "{k")
-    assert claim(rstore, nasty).created
-    rstore.record_failure(nasty, token=1, now=NOW, max_retries=1, expires_at=NOW + 9)
+    t = token_of(rstore, nasty)
+    rstore.record_failure(nasty, token=t, now=NOW, max_retries=1, expires_at=NOW + 9)
     keys = [k.decode() for k in raw.scan_iter(match=f"{rstore.prefix}:*", count=1000)]
-    assert len(keys) == 4  # record, counter, finished index, counter index
+    assert len(keys) == 5  # record, counter, finished index, counter index, token counter
     assert len({key_slot(k.encode()) for k in keys}) == 1
     assert not any("tenant" in k or "op}" in k for k in keys)
 
 
-def test_prefix_with_a_brace_is_refused() -> None:
-    with pytest.raises(ValueError, match="prefix"):
-        RedisStore("redis://127.0.0.1:6379/0", prefix="a{b}")
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"prefix": "a{b}"}, "prefix"),
+        ({"prefix": "a}"}, "prefix"),
+        ({"prefix": ""}, "prefix"),
+        ({"gc_ttl": 0}, "gc_ttl"),
+        ({"gc_ttl": -1.0}, "gc_ttl"),
+        ({"connect_timeout": 0}, "timeout"),
+        ({"socket_timeout": -1}, "timeout"),
+    ],
+)
+def test_bad_configuration_is_a_configuration_error(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named) as info:
+        RedisStore("redis://127.0.0.1:6379/0", **options)
+    assert info.value.code is ErrorCode.CONFIGURATION_ERROR
+    assert not isinstance(info.value, ValueError)
 
 
 def test_a_record_of_another_scope_under_our_key_is_never_served(
@@ -316,27 +347,31 @@ def test_a_record_of_another_scope_under_our_key_is_never_served(
 # -- garbage-collection TTLs and the index ---------------------------------------------------
 def test_redis_ttls_are_logical_time_plus_gc_ttl(rstore: RedisStore, raw: Any) -> None:
     k = rstore._keys(S)
-    claim(rstore)  # lease 30 s, gc_ttl 1000 s
+    t = token_of(rstore)  # lease 30 s, gc_ttl 1000 s
     assert 1029_000 < raw.pttl(k.record) <= 1030_000
-    assert rstore.heartbeat(S, token=1, now=NOW + 10, lease_expires_at=NOW + 100)
+    assert rstore.heartbeat(S, token=t, now=NOW + 10, lease_expires_at=NOW + 100)
     assert 1089_000 < raw.pttl(k.record) <= 1090_000
-    assert rstore.take_over(S, expected_token=1, new_token=2, now=NOW + 100,
-                            lease_expires_at=NOW + 130) == 1  # fmt: skip
+    taken = rstore.take_over(S, expected_token=t, now=NOW + 100, lease_expires_at=NOW + 130)
+    assert taken is not None and taken.retry_count == 1
     assert 1029_000 < raw.pttl(k.counter) <= 1030_000
-    assert rstore.mark_success(S, token=2, response=b"1", now=NOW + 110, expires_at=NOW + 610)
+    assert rstore.mark_success(
+        S, token=taken.token, response=b"1", now=NOW + 110, expires_at=NOW + 610
+    )
     assert 1499_000 < raw.pttl(k.record) <= 1500_000
     assert 1499_000 < raw.pttl(k.counter) <= 1500_000
     other = Scope("t", "op", "released")
-    claim(rstore, other)
-    rstore.record_failure(other, token=1, now=NOW, max_retries=5, expires_at=NOW + 5)
+    rstore.record_failure(
+        other, token=token_of(rstore, other), now=NOW, max_retries=5, expires_at=NOW + 5
+    )
     assert 999_000 < raw.pttl(rstore._keys(other).counter) <= 1000_000
+    assert raw.pttl(k.tokens) == -1  # the token counter never expires
 
 
 def test_logical_expiry_ignores_redis_time(rstore: RedisStore) -> None:
-    claim(rstore, now=NOW)  # 2023 timestamps: long "expired" by Redis's own clock
-    assert rstore.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 5)
-    assert not claim(rstore, token=2, now=NOW + 4).created
-    assert claim(rstore, token=3, now=NOW + 5).created
+    t = token_of(rstore, now=NOW)  # 2023 timestamps: long "expired" by Redis's own clock
+    assert rstore.mark_success(S, token=t, response=b"1", now=NOW, expires_at=NOW + 5)
+    assert not claim(rstore, now=NOW + 4).created
+    assert claim(rstore, now=NOW + 5).created
 
 
 def test_index_entries_of_garbage_collected_records_are_dropped(
@@ -344,9 +379,9 @@ def test_index_entries_of_garbage_collected_records_are_dropped(
 ) -> None:
     stuck, done = Scope("t", "op", "stuck"), Scope("t", "op", "done")
     claim(rstore, stuck)
-    claim(rstore, done)
-    rstore.mark_success(done, token=1, response=b"1", now=NOW, expires_at=NOW + 1)
-    rstore.record_failure(done, token=1, now=NOW, max_retries=1, expires_at=NOW)  # no-op
+    t = token_of(rstore, done)
+    rstore.mark_success(done, token=t, response=b"1", now=NOW, expires_at=NOW + 1)
+    rstore.record_failure(done, token=t, now=NOW, max_retries=1, expires_at=NOW)  # no-op
     ks, kd = rstore._keys(stuck), rstore._keys(done)
     raw.delete(ks.record, kd.record)  # what Redis's own expiry does after gc_ttl
     assert rstore.find_stuck(now=NOW + 60, heartbeat_before=None, limit=10) == []
@@ -357,21 +392,24 @@ def test_index_entries_of_garbage_collected_records_are_dropped(
 
 def test_find_stuck_pages_past_records_the_heartbeat_filter_skips(rstore: RedisStore) -> None:
     scopes = [Scope("t", "op", f"k{i}") for i in range(150)]
-    rstore.create_many(
-        [ClaimRequest(s, "h", i) for i, s in enumerate(scopes)], now=NOW, lease_expires_at=NOW + 1
+    claimed = rstore.create_many(
+        [ClaimRequest(s, "h") for s in scopes], now=NOW, lease_expires_at=NOW + 1
     )
     old = Scope("t", "op", "old")
     claim(rstore, old, now=NOW - 100)  # lease NOW - 70, updated NOW - 100
-    for s in scopes:
-        rstore.heartbeat(s, token=scopes.index(s), now=NOW + 1, lease_expires_at=NOW + 2)
+    for s, r in zip(scopes, claimed, strict=True):
+        assert rstore.heartbeat(
+            s, token=r.record.fencing_token, now=NOW + 1, lease_expires_at=NOW + 2
+        )
     found = rstore.find_stuck(now=NOW + 50, heartbeat_before=NOW - 50, limit=1)
     assert [r.scope for r in found] == [old]
     assert len(rstore.find_stuck(now=NOW + 50, heartbeat_before=None, limit=500)) == 151
 
 
 def test_counter_of_a_scope_with_a_live_record_is_kept(rstore: RedisStore) -> None:
-    claim(rstore)
-    rstore.record_failure(S, token=1, now=NOW, max_retries=1, expires_at=NOW + 10_000)
+    rstore.record_failure(
+        S, token=token_of(rstore), now=NOW, max_retries=1, expires_at=NOW + 10_000
+    )
     assert rstore.delete_expired(now=NOW + 100, counters_before=NOW + 50, limit=10) == 0
     assert rstore.get_retry_count(S) == 1
     assert rstore.delete_expired(now=NOW + 10_000, counters_before=NOW + 9_000, limit=10) == 1
@@ -382,11 +420,11 @@ def test_counter_of_a_scope_with_a_live_record_is_kept(rstore: RedisStore) -> No
 def test_create_many_replaces_expired_records_and_resets_their_counters(
     rstore: RedisStore,
 ) -> None:
-    claim(rstore)
-    rstore.record_failure(S, token=1, now=NOW, max_retries=1, expires_at=NOW + 10)
+    first = token_of(rstore)
+    rstore.record_failure(S, token=first, now=NOW, max_retries=1, expires_at=NOW + 10)
     other = Scope("t", "op", "fresh")
     results = rstore.create_many(
-        [ClaimRequest(S, "h2", 7), ClaimRequest(other, "h", 8)],
+        [ClaimRequest(S, "h2"), ClaimRequest(other, "h")],
         now=NOW + 10,
         lease_expires_at=NOW + 40,
     )
@@ -394,6 +432,7 @@ def test_create_many_replaces_expired_records_and_resets_their_counters(
     assert rstore.get_retry_count(S) == 0
     rec = rstore.get(S)
     assert rec is not None and rec.status is Status.PROCESSING and rec.request_hash == "h2"
+    assert rec.fencing_token == results[0].record.fencing_token > first
 
 
 def _evalsha_calls(raw: Any) -> int:
@@ -404,7 +443,7 @@ def _evalsha_calls(raw: Any) -> int:
 def test_create_many_is_one_round_trip_per_500_scopes(rstore: RedisStore, raw: Any) -> None:
     """The batch claim's cost model (its speed is measured in ``benchmarks/``): 1,200 scopes
     are three script calls, the first 500 one call, and no scope is claimed twice."""
-    claims = [ClaimRequest(Scope("t", "bulk", str(i)), "h", i + 1) for i in range(1200)]
+    claims = [ClaimRequest(Scope("t", "bulk", str(i)), "h") for i in range(1200)]
     before = _evalsha_calls(raw)
     first = rstore.create_many(claims[:500], now=NOW, lease_expires_at=NOW + 30)
     assert _evalsha_calls(raw) - before == 1
@@ -412,7 +451,9 @@ def test_create_many_is_one_round_trip_per_500_scopes(rstore: RedisStore, raw: A
     assert _evalsha_calls(raw) - before == 1 + 3
     assert all(r.created for r in first)
     assert [r.created for r in rest] == [False] * 500 + [True] * 700
-    assert [r.record.fencing_token for r in rest] == [c.token for c in claims]
+    tokens = [r.record.fencing_token for r in rest]
+    assert tokens[:500] == [r.record.fencing_token for r in first]
+    assert len(set(tokens)) == 1200
 
 
 # -- the hot path's per-thread connections ------------------------------------------------
@@ -430,7 +471,7 @@ def test_each_thread_keeps_one_connection_of_its_own(rstore: RedisStore) -> None
         claim(rstore, Scope("t", "threads", name))
         first = _connection_id(rstore)
         both_connected.wait()  # both threads hold a connection at the same time
-        claim(rstore, Scope("t", "threads", name), token=2)
+        claim(rstore, Scope("t", "threads", name))
         ids[name] = (first, _connection_id(rstore))
 
     threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
@@ -449,9 +490,9 @@ def test_a_connection_the_server_drops_fails_closed_then_is_replaced(
     dropped = _connection_id(rstore)
     raw.execute_command("CLIENT", "KILL", "ID", dropped)
     outcomes: list[object] = []
-    for token in (2, 3):
+    for _ in range(2):
         try:
-            outcomes.append(claim(rstore, token=token).created)
+            outcomes.append(claim(rstore).created)
         except StoreUnavailableError:
             outcomes.append("unavailable")  # this call's reply was lost: fail closed
     assert outcomes[-1] is False  # the next call reconnected and saw the first claim
@@ -461,13 +502,13 @@ def test_a_connection_the_server_drops_fails_closed_then_is_replaced(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_never_uses_its_parents_connection(rstore: RedisStore) -> None:
-    assert claim(rstore).created
+    token = token_of(rstore)
     parent = _connection_id(rstore)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report its connection and its view of the claim, then exit
         try:
-            seen = claim(rstore, token=9).record.fencing_token
+            seen = claim(rstore).record.fencing_token
             os.write(write_end, f"{_connection_id(rstore)} {seen}".encode())
         finally:
             os._exit(0)
@@ -475,7 +516,7 @@ def test_a_forked_child_never_uses_its_parents_connection(rstore: RedisStore) ->
     _, status = os.waitpid(pid, 0)
     child, seen = map(int, os.read(read_end, 100).split())
     os.close(read_end)
-    assert status == 0 and seen == 1
+    assert status == 0 and seen == token
     assert child != parent
     assert _connection_id(rstore) == parent  # the child left the parent's socket alone
 
@@ -486,7 +527,7 @@ def test_close_disconnects_the_held_connections_and_the_store_reconnects(
     assert claim(rstore).created
     before = _connection_id(rstore)
     rstore.close()
-    assert not claim(rstore, token=2).created
+    assert not claim(rstore).created
     assert _connection_id(rstore) != before
 
 
@@ -524,6 +565,48 @@ def test_only_plain_pools_get_held_connections() -> None:
     finally:
         plain.close()
         blocking.close()
+
+
+# -- fencing tokens ----------------------------------------------------------------------------
+def test_fencing_token_is_the_shard_counter_then_the_shard_number(
+    rstore: RedisStore, raw: Any
+) -> None:
+    k = rstore._keys(S)
+    shard = int(k.member[:2], 16)
+    first = token_of(rstore)
+    assert first == int(raw.get(k.tokens)) * 1000 + shard
+    assert rstore.release(S, token=first)
+    second = token_of(rstore)
+    assert second == first + 1000  # the same shard's counter, one further
+    assert not claim(rstore).created  # a duplicate draws nothing
+    assert int(raw.get(k.tokens)) * 1000 + shard == second
+
+
+@pytest.mark.parametrize("how", ["take_over", "replace_expired"])
+def test_fencing_tokens_move_past_a_record_of_an_earlier_version(
+    rstore: RedisStore, raw: Any, how: str
+) -> None:
+    """Earlier versions wrote random 62-bit tokens: taking over or replacing such a record
+    moves the shard's counter past it, so the new attempt's token is still greater."""
+    old = 4_611_686_018_427_387_123
+    t = token_of(rstore)
+    k = rstore._keys(S)
+    raw.hset(k.record, "tk", str(old))  # what an earlier version's claim left
+    if how == "take_over":
+        taken = rstore.take_over(S, expected_token=old, now=NOW + 31, lease_expires_at=NOW + 61)
+        assert taken is not None
+        new = taken.token
+    else:
+        assert rstore.mark_success(S, token=old, response=b"1", now=NOW, expires_at=NOW + 5)
+        replaced = claim(rstore, now=NOW + 5)
+        assert replaced.created
+        new = replaced.record.fencing_token
+    assert new > old > t
+    assert new % 1000 == int(k.member[:2], 16)
+    got = rstore.get(S)
+    assert got is not None and got.fencing_token == new
+    other = Scope("t", "op", "same-shard?")
+    assert token_of(rstore, other) != new
 
 
 # -- optional dependency ----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from idempotent_tasks import ConfigurationError, ErrorCode, SQLStore, StoreUnavailableError
-from idempotent_tasks._records import Scope, Status
+from idempotent_tasks._core.records import Scope, Status
 from idempotent_tasks.stores.base import ClaimRequest, TransactionalStore
 from idempotent_tasks.stores.sql import POSTGRESQL_DDL, build_metadata
 
@@ -37,10 +37,15 @@ S = Scope("acme", "payments.charge", "k-1")
 SQL_KINDS = ["sqlite", "postgres"]
 
 
-def claim(store: SQLStore, scope: Scope = S, token: int = 1, now: float = NOW) -> bool:
-    return store.create(
-        scope, request_hash="h", token=token, now=now, lease_expires_at=now + 30
-    ).created
+def claim(store: SQLStore, scope: Scope = S, now: float = NOW) -> bool:
+    return store.create(scope, request_hash="h", now=now, lease_expires_at=now + 30).created
+
+
+def token_of(store: SQLStore, scope: Scope = S, now: float = NOW) -> int:
+    """Claim ``scope`` (it must be free) and return the new attempt's token."""
+    result = store.create(scope, request_hash="h", now=now, lease_expires_at=now + 30)
+    assert result.created, result
+    return result.record.fencing_token
 
 
 def sql_url(kind: str, tmp_path: Path) -> str:
@@ -72,15 +77,52 @@ def _normalise(ddl: str) -> set[str]:
     return {re.sub(r"\s+", " ", s).strip() for s in ddl.split(";") if s.strip()}
 
 
-def test_documented_postgresql_ddl_is_what_create_schema_emits() -> None:
+def _emitted_ddl() -> str:
+    """What create_schema emits on a fresh PostgreSQL database (default prefix)."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     emitted = []
     for table in build_metadata().sorted_tables:
         emitted.append(str(CreateTable(table).compile(dialect=dialect)))
         emitted += [str(CreateIndex(i).compile(dialect=dialect)) for i in table.indexes]
-    assert _normalise(";".join(emitted)) == _normalise(POSTGRESQL_DDL)
+    emitted.append(
+        "CREATE SEQUENCE idempotency_fencing_seq AS BIGINT START WITH 1 CACHE 1"
+    )
+    return ";".join(emitted)
+
+
+def test_postgresql_ddl_is_what_create_schema_emits() -> None:
+    assert _normalise(_emitted_ddl()) == _normalise(POSTGRESQL_DDL)
+    assert "CACHE 1" in POSTGRESQL_DDL and POSTGRESQL_DDL.endswith(";")
+
+
+def test_documented_postgresql_ddl_is_what_create_schema_emits() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "schema.md").read_text()
-    assert _normalise(";".join(emitted)) <= _normalise(docs.split("```sql")[1].split("```")[0])
+    assert _normalise(_emitted_ddl()) <= _normalise(docs.split("```sql")[1].split("```")[0])
+
+
+def _pg_catalog(store: SQLStore, sql: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.exec_driver_sql(sql).scalar()
+
+
+def test_postgres_create_schema_really_emits_the_documented_sequence() -> None:
+    require("postgres")
+    store = SQLStore(POSTGRES_URL, table_prefix=unique_prefix("Sq"))  # mixed case: quoted
+    store.create_schema()
+    try:
+        seq = f"{store.table_prefix}_fencing_seq"
+        row = _pg_catalog(
+            store,
+            "SELECT concat_ws(' ', data_type, start_value, increment_by, cache_size) "
+            f"FROM pg_sequences WHERE sequencename = '{seq}'",
+        )
+        assert row == "bigint 1 1 1"
+        assert claim(store)
+    finally:
+        store.drop_schema()
+        store.close()
+    assert _pg_catalog(store, f"SELECT to_regclass('\"{seq}\"')") is None  # dropped too
+    store.close()
 
 
 def test_store_is_transactional_and_named(sql_store: SQLStore, kind: str) -> None:
@@ -129,8 +171,108 @@ def test_create_schema_adds_the_indexes_an_older_schema_lacks(kind: str, tmp_pat
         store.create_schema()
         names = {i["name"] for i in sa.inspect(store.engine).get_indexes(f"{prefix}_records")}
         assert f"{prefix}_records_processing_idx" in names
-        assert not claim(store, token=2)  # the data is untouched
+        assert not claim(store)  # the data is untouched
         store.create_schema()  # and running it again changes nothing
+    finally:
+        store.drop_schema()
+        store.close()
+
+
+#: Tokens as earlier versions drew them (random 62-bit numbers).
+OLD_TOKENS = (4_611_686_018_427_387_000, 3_000_000_000_000_000_001)
+
+
+def _old_schema(kind: str, tmp_path: Path) -> SQLStore:
+    """A database made by an earlier version: the three tables, no token source, and two
+    records with random 62-bit tokens (one PROCESSING whose lease has expired, one SUCCESS
+    whose record has expired)."""
+    store = SQLStore(sql_url(kind, tmp_path), table_prefix=unique_prefix("old"))
+    metadata = build_metadata(store.table_prefix)
+    metadata.create_all(store.engine)
+    records = metadata.tables[f"{store.table_prefix}_records"]
+    row = {"request_hash": "h", "created_at": NOW, "updated_at": NOW, "response": None,
+           "lease_expires_at": None, "expires_at": None}  # fmt: skip
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(records.insert(), [
+                {**row, "tenant": "t", "operation": "op", "key": "crashed",
+                 "status": "PROCESSING", "fencing_token": OLD_TOKENS[0],
+                 "lease_expires_at": NOW + 30},
+                {**row, "tenant": "t", "operation": "op", "key": "done", "status": "SUCCESS",
+                 "fencing_token": OLD_TOKENS[1], "response": b"1", "expires_at": NOW + 10},
+            ])  # fmt: skip
+    except BaseException:
+        store.drop_schema()
+        store.close()
+        raise
+    return store
+
+
+def test_create_schema_on_an_earlier_versions_database_starts_tokens_above_it(
+    kind: str, tmp_path: Path
+) -> None:
+    store = _old_schema(kind, tmp_path)
+    crashed, done = Scope("t", "op", "crashed"), Scope("t", "op", "done")
+    try:
+        got = store.get(crashed)  # the tables are there; claiming needs the token source
+        assert got is not None and got.fencing_token == OLD_TOKENS[0]
+        _assert_schema_missing(store, {"create": SCHEMA_CALLS["create"]})
+        store.create_schema()
+        fresh = token_of(store)
+        assert fresh > max(OLD_TOKENS)
+        taken = store.take_over(
+            crashed, expected_token=OLD_TOKENS[0], now=NOW + 31, lease_expires_at=NOW + 61
+        )
+        assert taken is not None and taken.token > fresh
+        replaced = store.create(done, request_hash="h", now=NOW + 10, lease_expires_at=NOW + 40)
+        assert replaced.created and replaced.record.fencing_token > taken.token
+        store.create_schema()  # idempotent: the token source keeps its place
+        assert token_of(store, Scope("t", "op", "later")) > replaced.record.fencing_token
+    finally:
+        store.drop_schema()
+        store.close()
+
+
+def test_create_schema_refuses_a_token_source_of_another_shape(kind: str, tmp_path: Path) -> None:
+    url, prefix = sql_url(kind, tmp_path), unique_prefix("ts")
+    name = f"{prefix}_fencing_seq" if kind == "postgres" else f"{prefix}_fencing"
+    store = SQLStore(url, table_prefix=prefix)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE {name} (x TEXT)")
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            store.create_schema()
+        assert name in str(info.value)
+    finally:
+        store.drop_schema()
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        store.close()
+
+
+def test_duplicates_draw_no_tokens(sql_store: SQLStore) -> None:
+    """A replay stays a pure read: neither ``create`` nor ``create_many`` of a live record
+    advances the sequence (PostgreSQL) or the fencing row (SQLite)."""
+    first = token_of(sql_store)
+    for _ in range(5):
+        assert not claim(sql_store)
+    [dup] = sql_store.create_many([ClaimRequest(S, "h")], now=NOW, lease_expires_at=NOW + 30)
+    assert not dup.created
+    assert token_of(sql_store, Scope("t", "op", "next")) == first + 1
+
+
+def test_sqlite_tokens_written_outside_the_store_still_raise_the_source(tmp_path: Path) -> None:
+    """The triggers follow every token written to the records table, whoever writes it."""
+    store = SQLStore(f"sqlite:///{tmp_path / 'idem.db'}")
+    store.create_schema()
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO idempotency_records (tenant, operation, key, status, request_hash, "
+                "fencing_token, created_at, updated_at) VALUES ('t', 'op', 'x', 'FAILED', 'h', "
+                "1000, 0, 0)"
+            )
+        assert token_of(store) == 1001
     finally:
         store.drop_schema()
         store.close()
@@ -143,7 +285,7 @@ def test_sqlite_wal_switch_waits_for_a_connection_holding_a_lock(
     holds a lock — as when several stores open one new file together.  The store tries
     again instead of failing: forced here by a writer that lets go only once the store has
     met its lock."""
-    from idempotent_tasks.stores import _sql_connections
+    from idempotent_tasks.stores.sql import _connections as _sql_connections
 
     db = tmp_path / "idem.db"
     holder = sqlite3.connect(db, isolation_level=None)
@@ -203,7 +345,7 @@ def test_create_schema_concurrently_from_many_threads(kind: str, tmp_path: Path)
         t.join()
     try:
         assert errors == []
-        assert claim(stores[0]) and not claim(stores[1], token=2)
+        assert claim(stores[0]) and not claim(stores[1])
     finally:
         stores[0].drop_schema()
         for s in stores:
@@ -217,16 +359,16 @@ def test_table_prefix_isolates_stores(kind: str, tmp_path: Path) -> None:
     a.create_schema()
     b.create_schema()
     try:
-        assert claim(a, token=1)
+        t_a = token_of(a)
         assert b.get(S) is None
-        assert claim(b, token=2)
-        a.record_failure(S, token=1, now=NOW, max_retries=5, expires_at=NOW)
+        t_b = token_of(b)
+        a.record_failure(S, token=t_a, now=NOW, max_retries=5, expires_at=NOW)
         assert a.get_retry_count(S) == 1 and b.get_retry_count(S) == 0
         assert a.acquire_lock("job", owner="a", now=NOW, ttl=10)
         assert b.acquire_lock("job", owner="b", now=NOW, ttl=10)
         a.drop_schema()
         got = b.get(S)
-        assert got is not None and got.fencing_token == 2
+        assert got is not None and got.fencing_token == t_b
     finally:
         a.close()
         b.drop_schema()
@@ -288,14 +430,84 @@ def test_sqlite_in_a_missing_directory_fails_on_first_use(tmp_path: Path) -> Non
 
 
 def test_driver_errors_are_translated_and_the_store_recovers(sql_store: SQLStore) -> None:
+    """Any driver error but a missing schema is an outage: STORE_UNAVAILABLE (fail closed)."""
     assert claim(sql_store)
-    sql_store.drop_schema()  # every statement now fails in the driver
-    for call in (lambda: sql_store.get(S), lambda: claim(sql_store, token=2)):
-        with pytest.raises(StoreUnavailableError) as info:
-            call()
-        assert isinstance(info.value.__cause__, Exception)
+    with sql_store.engine.begin() as conn:  # every claim now fails in the driver
+        conn.exec_driver_sql(f"ALTER TABLE {sql_store.table_prefix}_records DROP COLUMN response")
+    with pytest.raises(StoreUnavailableError) as info:
+        claim(sql_store, Scope("t", "op", "other"))
+    assert info.value.code == ErrorCode.STORE_UNAVAILABLE
+    assert isinstance(info.value.__cause__, Exception)
+    sql_store.drop_schema()
     sql_store.create_schema()
-    assert claim(sql_store, token=3)
+    assert claim(sql_store)
+
+
+SCHEMA_CALLS: dict[str, Any] = {
+    "create": lambda s: claim(s),
+    "create_many": lambda s: s.create_many(
+        [ClaimRequest(S, "h")], now=NOW, lease_expires_at=NOW + 30
+    ),
+    "get": lambda s: s.get(S),
+    "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW),
+    "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
+    "record_failure": lambda s: s.record_failure(
+        S, token=1, now=NOW, max_retries=3, expires_at=NOW
+    ),
+    "find_stuck": lambda s: s.find_stuck(now=NOW, heartbeat_before=None, limit=10),
+    "delete_expired": lambda s: s.delete_expired(now=NOW, counters_before=NOW, limit=10),
+    "list_records": lambda s: s.list_records(),
+    "acquire_lock": lambda s: s.acquire_lock("x", owner="w", now=NOW, ttl=1),
+}
+
+
+def _assert_schema_missing(store: SQLStore, calls: Any = SCHEMA_CALLS) -> None:
+    for name, call in calls.items():
+        with pytest.raises(ConfigurationError) as info:
+            call(store)
+        assert info.value.code == ErrorCode.CONFIGURATION_ERROR, name
+        assert "schema not created: run `idempotent-tasks migrate`" in str(info.value), name
+        assert store.table_prefix in str(info.value)
+        assert isinstance(info.value.__cause__, Exception), name
+
+
+def test_a_schema_never_created_is_a_configuration_error(kind: str, tmp_path: Path) -> None:
+    store = SQLStore(sql_url(kind, tmp_path), table_prefix=unique_prefix("ns"))
+    try:
+        _assert_schema_missing(store)
+        with pytest.raises(ConfigurationError), store.body_transaction() as tx:
+            tx.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 9)
+        store.create_schema()
+        t = token_of(store)
+        assert store.get(S) is not None
+        assert store.find_stuck(now=NOW + 31, heartbeat_before=None, limit=10)[0].fencing_token == t
+    finally:
+        store.drop_schema()
+        store.close()
+
+
+def test_a_dropped_schema_is_a_configuration_error_until_created_again(
+    sql_store: SQLStore,
+) -> None:
+    assert claim(sql_store)
+    sql_store.drop_schema()
+    _assert_schema_missing(sql_store)
+    sql_store.create_schema()
+    assert claim(sql_store)
+
+
+def test_a_missing_token_source_is_a_configuration_error(sql_store: SQLStore, kind: str) -> None:
+    """The tables are there, the sequence (PostgreSQL) or fencing table (SQLite) is not."""
+    prefix = sql_store.table_prefix
+    drop = f"DROP SEQUENCE {prefix}_fencing_seq" if kind == "postgres" else (
+        f"DROP TABLE {prefix}_fencing"
+    )
+    with sql_store.engine.begin() as conn:
+        conn.exec_driver_sql(drop)
+    claims = {k: SCHEMA_CALLS[k] for k in ("create", "create_many")}
+    _assert_schema_missing(sql_store, claims)
+    sql_store.create_schema()
+    assert claim(sql_store)
 
 
 def test_sqlite_database_locked_becomes_store_unavailable(tmp_path: Path) -> None:
@@ -380,11 +592,11 @@ def test_postgres_restart_fails_closed_then_recovers_without_manual_steps() -> N
     store = SQLStore(POSTGRES_URL, table_prefix=unique_prefix("rs"), connect_timeout=2)
     store.create_schema()
     try:
-        assert claim(store)
+        t = token_of(store)
         _fill_idle_connections(store, 4)
         try:
             _pg_ctl("stop")
-            for call in (lambda: store.get(S), lambda: claim(store, token=2), lambda: store.get(S)):
+            for call in (lambda: store.get(S), lambda: claim(store), lambda: store.get(S)):
                 start = time.monotonic()
                 with pytest.raises(StoreUnavailableError) as info:
                     call()
@@ -393,8 +605,8 @@ def test_postgres_restart_fails_closed_then_recovers_without_manual_steps() -> N
         finally:
             _ensure_postgres_running()
         got = store.get(S)  # the first call after the restart works
-        assert got is not None and got.fencing_token == 1
-        assert store.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 60)
+        assert got is not None and got.fencing_token == t
+        assert store.mark_success(S, token=t, response=b"1", now=NOW, expires_at=NOW + 60)
 
         # Restarted while idle, nobody calling meanwhile: the first call finds the dead
         # connection and discards every idle one with it, so the next call works.
@@ -434,56 +646,60 @@ def _race(n: int, fn: Any) -> list[Any]:
 
 
 def test_concurrent_replacement_of_an_expired_record(sql_store: SQLStore) -> None:
-    assert claim(sql_store)
-    sql_store.record_failure(S, token=1, now=NOW, max_retries=1, expires_at=NOW + 10)
+    first = token_of(sql_store)
+    sql_store.record_failure(S, token=first, now=NOW, max_retries=1, expires_at=NOW + 10)
     assert sql_store.get_retry_count(S) == 1
     results = _race(
         8,
-        lambda i: sql_store.create(
-            S, request_hash="h", token=100 + i, now=NOW + 20, lease_expires_at=NOW + 50
-        ),
+        lambda i: sql_store.create(S, request_hash="h", now=NOW + 20, lease_expires_at=NOW + 50),
     )
     winners = [r for r in results if r.created]
     assert len(winners) == 1
     token = winners[0].record.fencing_token
+    assert token > first
     assert all(r.record.fencing_token == token for r in results)
     assert sql_store.get_retry_count(S) == 0
 
 
 def test_concurrent_take_over_has_one_winner(sql_store: SQLStore) -> None:
-    assert claim(sql_store)
+    first = token_of(sql_store)
     results = _race(
         8,
         lambda i: sql_store.take_over(
-            S, expected_token=1, new_token=100 + i, now=NOW + 31, lease_expires_at=NOW + 61
+            S, expected_token=first, now=NOW + 31, lease_expires_at=NOW + 61
         ),
     )
-    assert [r for r in results if r is not None] == [1]
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1 and winners[0].retry_count == 1 and winners[0].token > first
+    got = sql_store.get(S)
+    assert got is not None and got.fencing_token == winners[0].token
     assert sql_store.get_retry_count(S) == 1
 
 
 def test_concurrent_create_many_claims_each_scope_once(sql_store: SQLStore) -> None:
     scopes = [Scope("t", "batch", f"k{i}") for i in range(300)]
 
-    def batch(i: int) -> list[bool]:
+    def batch(i: int) -> list[tuple[str, int]]:
         order = scopes[i::1] + scopes[:i]  # each worker claims in another order
         results = sql_store.create_many(
-            [ClaimRequest(s, "h", 1000 * (i + 1) + n) for n, s in enumerate(order)],
-            now=NOW,
-            lease_expires_at=NOW + 30,
+            [ClaimRequest(s, "h") for s in order], now=NOW, lease_expires_at=NOW + 30
         )
         assert [r.record.scope for r in results] == order
-        return [r.record.scope.key for r in results if r.created]
+        return [(r.record.scope.key, r.record.fencing_token) for r in results if r.created]
 
     created = [k for keys in _race(4, batch) for k in keys]
-    assert sorted(created) == sorted(s.key for s in scopes)
+    assert sorted(k for k, _ in created) == sorted(s.key for s in scopes)
+    assert len({t for _, t in created}) == len(scopes)  # one token per attempt
+    for key, token in created:
+        got = sql_store.get(Scope("t", "batch", key))
+        assert got is not None and got.fencing_token == token
 
 
 def test_concurrent_delete_expired_purges_each_record_once(sql_store: SQLStore) -> None:
     for i in range(60):
         sc = Scope("t", "op", str(i))
-        claim(sql_store, sc, token=i + 1)
-        sql_store.mark_success(sc, token=i + 1, response=b"1", now=NOW, expires_at=NOW + 1)
+        token = token_of(sql_store, sc)
+        sql_store.mark_success(sc, token=token, response=b"1", now=NOW, expires_at=NOW + 1)
     purged = _race(
         4,
         lambda i: sum(
@@ -522,8 +738,9 @@ def test_postgres_claim_racing_a_transaction_newer_than_its_snapshot(before: str
     table = f"{store.table_prefix}_records"
     scope = {"tenant": S.tenant, "operation": S.operation, "key": S.key}
     if before == "expired":
-        assert claim(store)
-        assert store.mark_success(S, token=1, response=b"old", now=NOW, expires_at=NOW + 10)
+        assert store.mark_success(
+            S, token=token_of(store), response=b"old", now=NOW, expires_at=NOW + 10
+        )
         change = (
             f"UPDATE {table} SET status = 'PROCESSING', fencing_token = 50, response = NULL, "
             "expires_at = NULL, lease_expires_at = 9e12 WHERE tenant = %(tenant)s "
@@ -542,9 +759,7 @@ def test_postgres_claim_racing_a_transaction_newer_than_its_snapshot(before: str
             other.exec_driver_sql(change, scope)
             claimer = threading.Thread(
                 target=lambda: result.update(
-                    r=store.create(
-                        S, request_hash="h", token=7, now=NOW + 20, lease_expires_at=NOW + 50
-                    )
+                    r=store.create(S, request_hash="h", now=NOW + 20, lease_expires_at=NOW + 50)
                 )
             )
             claimer.start()
@@ -560,28 +775,28 @@ def test_postgres_claim_racing_a_transaction_newer_than_its_snapshot(before: str
 
 
 # -- SQLite from several OS processes -----------------------------------------------------------
-def _process_worker(url: str, prefix: str, barrier: Any, out: Any, index: int) -> None:
+def _process_worker(
+    url: str, prefix: str, barrier: Any, out: Any, index: int, crashed: int
+) -> None:
     store = SQLStore(url, table_prefix=prefix)
     barrier.wait(timeout=60)
     created = []
     for n in range(40):
         scope = Scope("t", "single", f"s{(n + index * 7) % 40}")
-        if store.create(
-            scope, request_hash="h", token=index * 1000 + n, now=NOW, lease_expires_at=NOW + 30
-        ).created:
-            created.append(scope.key)
-    claims = [ClaimRequest(Scope("t", "many", f"m{i}"), "h", index * 1000 + i) for i in range(40)]
+        result = store.create(scope, request_hash="h", now=NOW, lease_expires_at=NOW + 30)
+        if result.created:
+            created.append((scope.key, result.record.fencing_token))
+    claims = [ClaimRequest(Scope("t", "many", f"m{i}"), "h") for i in range(40)]
     for result in store.create_many(claims, now=NOW, lease_expires_at=NOW + 30):
         if result.created:
-            created.append(result.record.scope.key)
+            created.append((result.record.scope.key, result.record.fencing_token))
     won = store.take_over(
         Scope("t", "single", "s0"),
-        expected_token=-1,
-        new_token=index,
+        expected_token=crashed,
         now=NOW + 31,
         lease_expires_at=NOW + 61,
     )
-    out.put((created, won))
+    out.put((created, None if won is None else (won.retry_count, won.token)))
     store.close()
 
 
@@ -589,19 +804,14 @@ def test_sqlite_shared_by_processes_claims_each_scope_exactly_once(tmp_path: Pat
     url, prefix = f"sqlite:///{tmp_path / 'shared.db'}", "proc"
     store = SQLStore(url, table_prefix=prefix)
     store.create_schema()
-    # one scope everybody will try to take over from the crashed owner -1
-    store.create(
-        Scope("t", "single", "s0"),
-        request_hash="h",
-        token=-1,
-        now=NOW - 100,
-        lease_expires_at=NOW - 70,
-    )
+    # one scope everybody will try to take over from its crashed owner
+    crashed = token_of(store, Scope("t", "single", "s0"), now=NOW - 100)
     ctx = multiprocessing.get_context("spawn")
     n = 4
     barrier, out = ctx.Barrier(n), ctx.Queue()
     procs = [
-        ctx.Process(target=_process_worker, args=(url, prefix, barrier, out, i)) for i in range(n)
+        ctx.Process(target=_process_worker, args=(url, prefix, barrier, out, i, crashed))
+        for i in range(n)
     ]
     for p in procs:
         p.start()
@@ -609,15 +819,18 @@ def test_sqlite_shared_by_processes_claims_each_scope_exactly_once(tmp_path: Pat
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    created = sorted(k for keys, _ in results for k in keys)
+    created = sorted(k for keys, _ in results for k, _ in keys)
     assert created == sorted([f"s{i}" for i in range(1, 40)] + [f"m{i}" for i in range(40)])
-    assert [won for _, won in results if won is not None] == [1]
+    won = [w for _, w in results if w is not None]
+    assert len(won) == 1 and won[0][0] == 1 and won[0][1] > crashed
+    tokens = [t for keys, _ in results for _, t in keys] + [crashed, won[0][1]]
+    assert len(set(tokens)) == len(tokens) == 81  # unique across the processes
     assert store.get_retry_count(Scope("t", "single", "s0")) == 1
     store.close()
 
 
 def _claim_loop(store: SQLStore, who: str, n: int) -> int:
-    return sum(claim(store, Scope("t", "fork", f"{who}-{i}"), token=i + 1) for i in range(n))
+    return sum(claim(store, Scope("t", "fork", f"{who}-{i}")) for i in range(n))
 
 
 def _forked_child(store: SQLStore, barrier: Any, out: Any) -> None:
@@ -643,7 +856,7 @@ def test_a_store_inherited_across_fork_keeps_working_in_both(sql_store: SQLStore
     child.join(timeout=60)
     assert child.exitcode == 0
     # the child's exit closed nothing of ours, and both sides' writes are there
-    assert not claim(sql_store, Scope("t", "fork", "child-0"), token=3)
+    assert not claim(sql_store, Scope("t", "fork", "child-0"))
     assert claim(sql_store, Scope("t", "fork", "again"))
 
 
@@ -668,14 +881,14 @@ def _ledger_rows(store: SQLStore, ledger: sa.Table) -> list[tuple[Any, ...]]:
 def test_body_writes_and_mark_success_commit_together(
     sql_store: SQLStore, ledger: sa.Table
 ) -> None:
-    assert claim(sql_store)
+    t = token_of(sql_store)
     with sql_store.body_transaction() as tx:
         tx.connection.execute(sa.insert(ledger).values(order_id="o1", amount=100))
         with Session(bind=tx.connection) as session:  # an ORM session joins the transaction
             session.execute(sa.insert(ledger).values(order_id="o2", amount=5))
             session.commit()
         assert tx.is_intact()
-        assert tx.mark_success(S, token=1, response=b'{"ok":1}', now=NOW + 1, expires_at=NOW + 99)
+        assert tx.mark_success(S, token=t, response=b'{"ok":1}', now=NOW + 1, expires_at=NOW + 99)
         assert sql_store.get(S).status is Status.PROCESSING  # type: ignore[union-attr]
         tx.commit()
     assert sorted(_ledger_rows(sql_store, ledger)) == [("o1", 100), ("o2", 5)]
@@ -684,10 +897,10 @@ def test_body_writes_and_mark_success_commit_together(
 
 
 def test_body_writes_then_rollback_leave_nothing(sql_store: SQLStore, ledger: sa.Table) -> None:
-    assert claim(sql_store)
+    t = token_of(sql_store)
     with sql_store.body_transaction() as tx:
         tx.connection.execute(sa.insert(ledger).values(order_id="o1", amount=100))
-        assert tx.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 99)
+        assert tx.mark_success(S, token=t, response=b"1", now=NOW, expires_at=NOW + 99)
         tx.rollback()
     with sql_store.body_transaction() as tx:  # leaving without commit rolls back too
         tx.connection.execute(sa.insert(ledger).values(order_id="o2", amount=1))
@@ -696,33 +909,30 @@ def test_body_writes_then_rollback_leave_nothing(sql_store: SQLStore, ledger: sa
         raise RuntimeError("body failed")
     assert _ledger_rows(sql_store, ledger) == []
     rec = sql_store.get(S)
-    assert rec is not None and rec.status is Status.PROCESSING and rec.fencing_token == 1
+    assert rec is not None and rec.status is Status.PROCESSING and rec.fencing_token == t
 
 
 def test_stale_owner_mark_success_fails_and_rollback_leaves_no_rows(
     sql_store: SQLStore, ledger: sa.Table
 ) -> None:
-    assert claim(sql_store)
-    assert (
-        sql_store.take_over(
-            S, expected_token=1, new_token=2, now=NOW + 31, lease_expires_at=NOW + 61
-        )
-        == 1
-    )
+    t = token_of(sql_store)
+    taken = sql_store.take_over(S, expected_token=t, now=NOW + 31, lease_expires_at=NOW + 61)
+    assert taken is not None and taken.retry_count == 1
     with sql_store.body_transaction() as tx:
         tx.connection.execute(sa.insert(ledger).values(order_id="o1", amount=100))
-        assert not tx.mark_success(S, token=1, response=b"old", now=NOW + 40, expires_at=NOW + 99)
+        assert not tx.mark_success(S, token=t, response=b"old", now=NOW + 40, expires_at=NOW + 99)
         tx.rollback()
     assert _ledger_rows(sql_store, ledger) == []
     rec = sql_store.get(S)
-    assert rec is not None and rec.status is Status.PROCESSING and rec.fencing_token == 2
+    assert rec is not None and rec.status is Status.PROCESSING
+    assert rec.fencing_token == taken.token
 
 
 @pytest.mark.parametrize("end", ["commit", "rollback", "raw_commit"])
 def test_body_ending_the_transaction_itself_is_detected(
     sql_store: SQLStore, ledger: sa.Table, kind: str, end: str
 ) -> None:
-    assert claim(sql_store)
+    t = token_of(sql_store)
     with sql_store.body_transaction() as tx:
         tx.connection.execute(sa.insert(ledger).values(order_id="o1", amount=1))
         assert tx.is_intact()
@@ -732,7 +942,7 @@ def test_body_ending_the_transaction_itself_is_detected(
             getattr(tx.connection, end)()
         assert not tx.is_intact()
         with pytest.raises(ConfigurationError):
-            tx.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW + 99)
+            tx.mark_success(S, token=t, response=b"1", now=NOW, expires_at=NOW + 99)
     rec = sql_store.get(S)
     assert rec is not None and rec.status is Status.PROCESSING
 

@@ -1,1 +1,0 @@
-"""Celery glue; the public names live in :mod:`idempotent_tasks.celery`."""

@@ -1,0 +1,73 @@
+"""The outcomes the algorithm answers with, built in one place (what each kind carries)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine import Call, Claim
+from .errors import ErrorCode, IdempotencyError
+from .outcome import Outcome, OutcomeKind, refusal_kind
+from .records import IdempotencyContext
+
+
+def replayed(call: Call, value: Any, token: int | None) -> Outcome:
+    s = call.scope
+    return Outcome(
+        "replayed", result=value, tenant=s.tenant, operation=s.operation, key=s.key,
+        fencing_token=token, request_hash=call.request_hash,
+    )
+
+
+def refused(call: Call, err: IdempotencyError, *, retry_count: int = 0) -> Outcome:
+    """A refusal before any body ran (nothing was executed by this call)."""
+    s = call.scope
+    return Outcome(
+        refusal_kind(err.code, ran=False), error_code=err.code, detail=err.message,
+        tenant=s.tenant, operation=s.operation, key=s.key, retry_count=retry_count,
+        request_hash=call.request_hash, refusal=err,
+    )
+
+
+def finished(
+    call: Call,
+    claim: Claim,
+    ctx: IdempotencyContext,
+    kind: OutcomeKind,
+    *,
+    result: Any = None,
+    exc: BaseException | None = None,
+    err: IdempotencyError | None = None,
+    retry_count: int | None = None,
+) -> Outcome:
+    """The outcome of an attempt whose body ran (its context then says what happened).
+    ``retry_count``, when the write told it, is the counter *after* this attempt: the
+    context gets it; the outcome keeps the counter as of the claim (attempts before this)."""
+    ctx.outcome = kind
+    if retry_count is not None:
+        ctx.retry_count = retry_count
+    s = call.scope
+    error_code = err.code if err is not None else None
+    if kind == "poisoned" and error_code is None:
+        error_code = ErrorCode.REQUEST_FAILED
+    error = type(exc).__name__ if exc is not None else None
+    detail = err.message if err is not None else (f"{error}: {exc}"[:500] if exc else None)
+    return Outcome(
+        kind, result=result, error_code=error_code, error=error, detail=detail, exception=exc,
+        tenant=s.tenant, operation=s.operation, key=s.key,
+        retry_count=claim.retry_count,
+        fencing_token=claim.token, request_hash=call.request_hash, ran=True, refusal=err,
+        body_context=ctx,
+    )
+
+
+def not_recorded(
+    call: Call,
+    claim: Claim,
+    ctx: IdempotencyContext,
+    err: IdempotencyError,
+    exc: BaseException | None = None,
+) -> Outcome:
+    """The body ran but its outcome is not written: the lease decides what comes next."""
+    return finished(call, claim, ctx, refusal_kind(err.code, ran=True), exc=exc, err=err)
+
+__all__ = ["finished", "not_recorded", "refused", "replayed"]

@@ -1,0 +1,195 @@
+"""What the algorithm asks of the outside world, one small object per kind of I/O.
+
+The flow (:mod:`.flow`) is a generator: it ``yield``s a command and gets back its result (or
+has the command's exception thrown into it).  Each command knows how to run itself on the
+synchronous path (``sync``) and on an event loop (``run_async``), so the two drivers in
+:mod:`.drivers` are a few lines each and the algorithm is written once — the separation of
+protocol from I/O that h11 and h2 use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from .context import CURRENT_CONTEXT
+from .heartbeat import Lease
+from .records import IdempotencyContext
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class Command:
+    """One step of I/O.  ``sync`` runs it here; ``run_async`` on the running event loop."""
+
+    __slots__ = ()
+
+    def sync(self, engine: Engine) -> Any:
+        raise NotImplementedError
+
+    async def run_async(self, engine: Engine) -> Any:
+        return await asyncio.to_thread(self.sync, engine)
+
+
+class StoreCall(Command):
+    """``store.<name>(*args, **kwargs)`` through the instrumented wrapper."""
+
+    __slots__ = ("args", "kwargs", "name")
+
+    def __init__(self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+
+    def sync(self, engine: Engine) -> Any:
+        return engine.io.call(self.name, self.args, self.kwargs)
+
+    async def run_async(self, engine: Engine) -> Any:
+        return await engine.io.call_async(self.name, self.args, self.kwargs)
+
+
+class Sleep(Command):
+    """Back off before an outcome write is tried again."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def sync(self, engine: Engine) -> None:
+        time.sleep(self.seconds)
+
+    async def run_async(self, engine: Engine) -> None:
+        await asyncio.sleep(self.seconds)
+
+
+class CacheGet(Command):
+    __slots__ = ("key",)
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def sync(self, engine: Engine) -> bytes | None:
+        assert engine.cache is not None
+        return engine.cache.get(self.key)
+
+
+class CachePut(Command):
+    __slots__ = ("key", "ttl", "value")
+
+    def __init__(self, key: str, value: bytes, ttl: float) -> None:
+        self.key = key
+        self.value = value
+        self.ttl = ttl
+
+    def sync(self, engine: Engine) -> None:
+        assert engine.cache is not None
+        engine.cache.set(self.key, self.value, self.ttl)
+
+
+class RunBody(Command):
+    """The user's body, with its context bound and its lease kept alive while it runs."""
+
+    __slots__ = ("args", "context", "fn", "lease")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: IdempotencyContext | None,
+        lease: Lease | None,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.context = context
+        self.lease = lease
+
+    def sync(self, engine: Engine) -> Any:
+        if self.context is None:
+            return self.fn(*self.args)
+        reset = CURRENT_CONTEXT.set(self.context)
+        heartbeat, ident = engine.heartbeat, None
+        if heartbeat is not None and self.lease is not None:
+            ident = heartbeat.register(self.lease)
+        try:
+            return self.fn(*self.args)
+        finally:
+            CURRENT_CONTEXT.reset(reset)
+            if ident is not None:
+                heartbeat.unregister(ident)  # type: ignore[union-attr]
+
+    async def run_async(self, engine: Engine) -> Any:
+        if self.context is None:
+            return await self.fn(*self.args)
+        reset = CURRENT_CONTEXT.set(self.context)
+        heartbeat, ident = engine.heartbeat, None
+        if heartbeat is not None and self.lease is not None:
+            ident = heartbeat.register(self.lease)
+        try:
+            return await self.fn(*self.args)
+        finally:
+            CURRENT_CONTEXT.reset(reset)
+            if ident is not None:
+                heartbeat.unregister(ident)  # type: ignore[union-attr]
+
+
+class TxBegin(Command):
+    """Open the store's body transaction; the result is the open context manager and its
+    transaction (``TxEnd`` closes it)."""
+
+    __slots__ = ()
+
+    def sync(self, engine: Engine) -> tuple[AbstractContextManager[Any], Any]:
+        cm = engine.store.body_transaction()  # type: ignore[attr-defined]
+        return cm, cm.__enter__()
+
+
+class TxCall(Command):
+    """``tx.<name>(*args, **kwargs)`` on the open body transaction (it translates its own
+    driver errors, like a store)."""
+
+    __slots__ = ("args", "kwargs", "name", "tx")
+
+    def __init__(self, tx: Any, name: str, *args: Any, **kwargs: Any) -> None:
+        self.tx = tx
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+
+    def sync(self, engine: Engine) -> Any:
+        return getattr(self.tx, self.name)(*self.args, **self.kwargs)
+
+
+class TxEnd(Command):
+    """Leave the body transaction's context manager (rolls back what was not committed and
+    returns the connection)."""
+
+    __slots__ = ("cm", "error")
+
+    def __init__(self, cm: AbstractContextManager[Any], error: BaseException | None) -> None:
+        self.cm = cm
+        self.error = error
+
+    def sync(self, engine: Engine) -> None:
+        exc = self.error
+        if exc is None:
+            self.cm.__exit__(None, None, None)
+        else:
+            self.cm.__exit__(type(exc), exc, exc.__traceback__)
+
+
+__all__ = [
+    "CacheGet",
+    "CachePut",
+    "Command",
+    "RunBody",
+    "Sleep",
+    "StoreCall",
+    "TxBegin",
+    "TxCall",
+    "TxEnd",
+]

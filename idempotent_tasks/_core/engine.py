@@ -1,0 +1,294 @@
+"""The engine's settings and its pure steps: validation, hashing, encoding, options.
+
+Nothing here performs I/O.  The algorithm that uses these steps is in :mod:`.flow` (written
+once, as generators that yield store commands); :mod:`.drivers` runs it synchronously or on
+an event loop.  :class:`~idempotent_tasks.IdempotencyHandler` is the public face.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..typing import OnStuck, Options, Seconds, seconds
+from .errors import ConfigurationError, ErrorCode, IdempotencyError, InvalidInputError, make_error
+from .heartbeat import HeartbeatThread, Lease
+from .instrumented import InstrumentedStore
+from .logging import Logger, default_logger
+from .metrics import Metrics, NoMetrics, default_metrics
+from .records import Record, Scope, StoredRecord
+from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, request_hash
+from .validation import validate_key, validate_operation, validate_tenant
+
+if TYPE_CHECKING:
+    from ..caches.base import Cache
+    from ..stores.base import Store
+
+DEFAULT_TTL = 86_400.0
+DEFAULT_LEASE_TIMEOUT = 300.0
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
+DEFAULT_OUTCOME_RETRY_TIMEOUT = 30.0
+_MAX_ACCEPTED = 4096  # distinct tenants/operations remembered as valid
+
+
+class Call:
+    """One validated delivery: its scope, the payload's hash and the options in force."""
+
+    __slots__ = ("options", "request_hash", "scope")
+
+    def __init__(self, scope: Scope, request_hash: str, options: Options) -> None:
+        self.scope = scope
+        self.request_hash = request_hash
+        self.options = options
+
+    def fields(self) -> dict[str, str]:
+        s = self.scope
+        return {"tenant": s.tenant, "operation": s.operation, "key": s.key}
+
+    def error(self, code: ErrorCode, message: str) -> IdempotencyError:
+        s = self.scope
+        return make_error(code, message, tenant=s.tenant, operation=s.operation, key=s.key)
+
+
+class Claim:
+    """An attempt that owns its scope: the fencing token, and the counter if it is known."""
+
+    __slots__ = ("counted", "retry_count", "token")
+
+    def __init__(self, token: int, retry_count: int = 0, *, counted: bool = True) -> None:
+        self.token = token
+        self.retry_count = retry_count
+        #: False for a fresh claim: the scope's counter was not read (it is read lazily).
+        self.counted = counted
+
+
+class Engine:
+    """Settings shared by every run, and the steps of the algorithm that need no I/O."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache: Cache | None = None,
+        *,
+        ttl: Seconds = DEFAULT_TTL,
+        lease_timeout: Seconds = DEFAULT_LEASE_TIMEOUT,
+        heartbeat_interval: Seconds | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        on_stuck: OnStuck = "retry",
+        logger: Logger | None = None,
+        metrics: Metrics | Literal["auto"] | None = "auto",
+        clock: Callable[[], float] = time.time,
+        serializer: Serializer | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        outcome_retry_timeout: Seconds = DEFAULT_OUTCOME_RETRY_TIMEOUT,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.defaults = Options(seconds(ttl), seconds(lease_timeout), max_retries, on_stuck)
+        self.defaults.validate()
+        self.heartbeat_interval = _heartbeat_interval(heartbeat_interval, self.defaults)
+        self.log: Logger = logger if logger is not None else default_logger()
+        self._debug_enabled: Callable[[], bool] | None = getattr(
+            self.log, "debug_enabled", None
+        )
+        self.metrics: Metrics = (
+            default_metrics() if metrics == "auto" else (metrics or NoMetrics())
+        )
+        self.clock = clock
+        self.serializer: Serializer = serializer or DEFAULT_SERIALIZER
+        self.max_payload_bytes = max_payload_bytes
+        self.max_response_bytes = max_response_bytes
+        self.outcome_retry_timeout = seconds(outcome_retry_timeout)
+        #: Every store call goes through this wrapper: timed, counted, translated.
+        self.io = InstrumentedStore(store, self.metrics, self.log)
+        self._operations: dict[str, Options] = {}
+        self._accepted: dict[str, str] = {}
+        self.heartbeat = (
+            HeartbeatThread(self.heartbeat_interval, self._renew)
+            if self.heartbeat_interval is not None
+            else None
+        )
+
+    # ------------------------------------------------------------------ options
+    def register_operation(
+        self,
+        operation: str,
+        *,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> None:
+        """Per-operation defaults (what a task decorator declares); recovery uses them too."""
+        self._operations[operation] = self.defaults.merged(
+            ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
+        )
+
+    def options_for(self, operation: str) -> Options:
+        return self._operations.get(operation, self.defaults)
+
+    # ------------------------------------------------------------------ validation
+    def prepare(
+        self,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any,
+        require_key: bool,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> Call | None:
+        """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``)."""
+        op = self._validated(operation, validate_operation)
+        if (key is None or key == "") and not require_key:
+            return None
+        k = validate_key(key)
+        t = self._validated(tenant, validate_tenant)
+        scope = Scope(t, op, k)
+        options = self._operations.get(op, self.defaults).merged(
+            ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
+        )
+        return Call(scope, self.hash_payload(scope, payload), options)
+
+    def _validated(self, value: object, validate: Callable[[object], str]) -> str:
+        """Tenants and operations repeat on every message: validate each distinct one once
+        (a bounded memo of values already accepted; keys are unique and always checked)."""
+        if type(value) is str:
+            hit = self._accepted.get(value)
+            if hit is not None:
+                return hit
+        text = validate(value)
+        if type(value) is str:
+            if len(self._accepted) >= _MAX_ACCEPTED:
+                self._accepted.clear()
+            self._accepted[value] = text
+        return text
+
+    def scope(self, *, operation: str, tenant: str, key: str) -> Scope:
+        """A validated scope for operators' calls (``get_record``, ``unpoison``)."""
+        return Scope(validate_tenant(tenant), validate_operation(operation), validate_key(key))
+
+    def hash_payload(self, scope: Scope, payload: Any) -> str:
+        try:
+            encoded = self.serializer.dumps(payload)
+        except (SerializationError, TypeError, ValueError) as exc:
+            raise InvalidInputError(
+                f"payload is not serialisable: {exc}", code=ErrorCode.INVALID_PAYLOAD,
+                tenant=scope.tenant, operation=scope.operation, key=scope.key,
+            ) from exc
+        if len(encoded) > self.max_payload_bytes:
+            raise InvalidInputError(
+                f"payload is larger than {self.max_payload_bytes} bytes",
+                code=ErrorCode.INVALID_PAYLOAD,
+                tenant=scope.tenant, operation=scope.operation, key=scope.key,
+            )
+        return request_hash(encoded)
+
+    # ------------------------------------------------------------------ encoding
+    def encode_response(self, call: Call, result: Any) -> bytes:
+        """The stored form of a result; RESPONSE_NOT_SERIALIZABLE when it has none."""
+        try:
+            encoded = self.serializer.dumps(result)
+            if len(encoded) > self.max_response_bytes:
+                raise SerializationError(f"result is larger than {self.max_response_bytes} bytes")
+        except (SerializationError, TypeError, ValueError) as exc:
+            raise call.error(
+                ErrorCode.RESPONSE_NOT_SERIALIZABLE, f"the task's result cannot be stored: {exc}"
+            ) from exc
+        return encoded
+
+    def decode(self, call: Call, response: bytes | None) -> Any:
+        if response is None:
+            return None
+        try:
+            return self.serializer.loads(response)
+        except SerializationError as exc:
+            raise call.error(ErrorCode.INTERNAL_ERROR, "stored response cannot be decoded") from exc
+
+    def to_record(self, stored: StoredRecord, retry_count: int) -> Record:
+        response = None
+        if stored.response is not None:
+            try:
+                response = self.serializer.loads(stored.response)
+            except SerializationError:
+                response = None
+        s = stored.scope
+        return Record(
+            tenant=s.tenant, operation=s.operation, key=s.key, status=stored.status,
+            request_hash=stored.request_hash, response=response, retry_count=retry_count,
+            fencing_token=stored.fencing_token, created_at=stored.created_at,
+            updated_at=stored.updated_at, lease_expires_at=stored.lease_expires_at,
+            expires_at=stored.expires_at,
+        )
+
+    @staticmethod
+    def expired(record: StoredRecord, now: float) -> bool:
+        return record.expires_at is not None and record.expires_at <= now
+
+    # ------------------------------------------------------------------ events
+    def debug(self, event: str, call: Call, **fields: Any) -> None:
+        """A debug line for a scope (executed, replayed): its fields are built only when
+        debug logging is on (a logger without ``debug_enabled`` always gets them)."""
+        enabled = self._debug_enabled
+        if enabled is None or enabled():
+            self.log.debug(event, **call.fields(), **fields)
+
+    def lease_lost(self, call: Call) -> None:
+        self.metrics.lease_lost(call.scope.operation)
+        self.log.warning("lease_lost", status="PROCESSING", **call.fields())
+
+    def unkeyed(self, operation: str) -> None:
+        self.metrics.execution(operation, "unkeyed")
+        self.log.info("executed_unkeyed", operation=operation, status="UNKEYED")
+
+    def read_count(self, scope: Scope) -> int:
+        """The scope's counter for a body that asks (``current_context().retry_count``);
+        0 when the store cannot say (logged and counted by the wrapper)."""
+        try:
+            count: int = self.io.call("get_retry_count", (scope,), {})
+        except IdempotencyError:
+            return 0
+        return count
+
+    def _renew(self, lease: Lease) -> bool:
+        now = self.clock()
+        try:
+            ok: bool = self.io.call(
+                "heartbeat", (lease.scope,),
+                {"token": lease.token, "now": now, "lease_expires_at": now + lease.lease_timeout},
+            )
+        except IdempotencyError:
+            return True  # keep trying; the lease decides if the store stays away
+        if not ok:
+            s = lease.scope
+            self.log.warning("heartbeat_refused", tenant=s.tenant, operation=s.operation, key=s.key)
+        return ok
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+
+def _heartbeat_interval(value: Seconds | None, defaults: Options) -> float | None:
+    if value is None:
+        return None
+    interval = seconds(value)
+    if not 0 < interval < defaults.lease_timeout:
+        raise ConfigurationError("heartbeat_interval must be positive and below lease_timeout")
+    return interval
+
+
+__all__ = [
+    "DEFAULT_LEASE_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TTL",
+    "Call",
+    "Claim",
+    "Engine",
+]

@@ -1,0 +1,259 @@
+"""The execution algorithm, written once: validate → claim → decide → run → record.
+
+Every function here is a generator that ``yield``s :mod:`.commands` (store calls, the body,
+a backoff sleep) and returns an :class:`~.outcome.Outcome`; :mod:`.drivers` runs it on the
+synchronous path or on an event loop, and :mod:`.transactional` / :mod:`.batch` reuse its
+steps.  Expected results are values: a refusal is an ``Outcome``, never an exception; only a
+``BaseException`` out of a body (``KeyboardInterrupt``, a cancelled task) propagates, after
+its attempt was recorded.
+
+The steps, for one delivery of a scope:
+
+1. Cache look-up of a SUCCESS (failures are swallowed, counted, logged).
+2. ``create`` — atomic; exactly one concurrent caller gets CREATED, with a fencing token
+   greater than every earlier attempt's of the scope.
+3. On DUPLICATE, decide: another payload → KEY_REUSED; SUCCESS → replay; FAILED →
+   REQUEST_FAILED; PROCESSING with a live lease → REQUEST_IN_PROGRESS; an expired lease →
+   take over (counting the crashed attempt) or poison, as ``on_stuck`` says.
+4. Run the body (its context bound, its lease renewed by the heartbeat).
+5. Record: SUCCESS conditional on status and token; a permanent error poisons; a transient
+   one is counted and releases the scope (or poisons at ``max_retries``).  Writes after the
+   body ran are retried with bounded backoff, then OUTCOME_NOT_RECORDED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+from ..typing import Permanent
+from .answers import refused, replayed
+from .caching import cache_put, cached
+from .commands import Command, RunBody, StoreCall
+from .engine import Call, Claim, Engine
+from .errors import ErrorCode, IdempotencyError
+from .heartbeat import Lease
+from .outcome import Outcome, OutcomeKind
+from .recording import body_failed, complete, is_permanent, write_outcome
+from .records import IdempotencyContext, LazyCountContext, Status, StoredRecord
+
+Flow = Generator[Command, Any, Outcome]
+
+_MAX_CLAIM_ROUNDS = 8
+
+
+# ---------------------------------------------------------------------- one delivery
+def execute(engine: Engine, call: Call, fn: Callable[[], Any], permanent: Permanent) -> Flow:
+    """The whole algorithm for a plain (non-transactional) body ``fn()``."""
+    claim = yield from claim_scope(engine, call)
+    if not isinstance(claim, Claim):
+        return claim
+    return (yield from run_owned(engine, call, claim, fn, permanent))
+
+
+def run_owned(
+    engine: Engine, call: Call, claim: Claim, fn: Callable[[], Any], permanent: Permanent
+) -> Flow:
+    """Run the body of a scope we own and record its outcome (steps 4 and 5)."""
+    ctx = body_context(engine, call, claim)
+    try:
+        value = yield RunBody(fn, (), ctx, lease_of(engine, call, claim))
+    except BaseException as exc:
+        return (yield from body_failed(engine, call, claim, ctx, exc, permanent))
+    return (yield from complete(engine, call, claim, ctx, value))
+
+
+def claim_scope(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome]:
+    """Own the scope (a :class:`Claim`), or the outcome that answers this delivery."""
+    if engine.cache is not None:
+        replay = yield from cached(engine, call)
+        if replay is not None:
+            return replay
+    for _ in range(_MAX_CLAIM_ROUNDS):
+        now = engine.clock()
+        try:
+            result = yield StoreCall(
+                "create", (call.scope,),
+                {"request_hash": call.request_hash, "now": now,
+                 "lease_expires_at": now + call.options.lease_timeout},
+            )
+        except IdempotencyError as err:
+            return refused(call, err)
+        if result.created:
+            return Claim(result.record.fencing_token, 0, counted=False)
+        decided = decide(engine, call, result.record)
+        if isinstance(decided, _Expired) or engine.cache is not None:
+            decided = yield from settle(engine, call, result.record, decided)
+        if decided is not None:
+            return decided
+    return refused(call, call.error(
+        ErrorCode.REQUEST_IN_PROGRESS, "the scope changed hands repeatedly"
+    ))
+
+
+class _Expired:
+    """``decide``'s answer when the record's lease expired: I/O decides (``settle``)."""
+
+
+EXPIRED = _Expired()
+
+
+def decide(
+    engine: Engine, call: Call, record: StoredRecord | None
+) -> Claim | Outcome | _Expired | None:
+    """The answer for an existing record (step 3) that needs no I/O: a replay or refusal
+    ``Outcome``; ``None`` when it changed meanwhile (claim again); ``EXPIRED`` when its
+    owner crashed (``settle`` takes it over or poisons it)."""
+    if record is None:
+        return None
+    engine.metrics.duplicate(call.scope.operation, record.status.value)
+    if record.request_hash != call.request_hash:
+        engine.log.warning("key_reused", status=record.status.value, **call.fields())
+        return refused(call, call.error(
+            ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST,
+            "this idempotency key was used with a different payload",
+        ))
+    if record.status is Status.SUCCESS:
+        try:
+            value = engine.decode(call, record.response)
+        except IdempotencyError as err:
+            return refused(call, err)
+        engine.debug("duplicate_replayed", call, status="SUCCESS")
+        return replayed(call, value, record.fencing_token)
+    if record.status is Status.FAILED:
+        engine.log.warning("duplicate_poisoned", status="FAILED", **call.fields())
+        return refused(call, call.error(
+            ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)"
+        ))
+    if record.lease_expires_at is not None and record.lease_expires_at > engine.clock():
+        engine.log.info("duplicate_in_progress", status="PROCESSING", **call.fields())
+        return refused(call, call.error(
+            ErrorCode.REQUEST_IN_PROGRESS, "the first delivery is still running"
+        ))
+    return EXPIRED
+
+
+def settle(
+    engine: Engine, call: Call, record: StoredRecord | None,
+    decided: Claim | Outcome | _Expired | None,
+) -> Generator[Command, Any, Claim | Outcome | None]:
+    """The I/O a decision needs: take over or poison an expired lease; cache a replay."""
+    if isinstance(decided, _Expired):
+        assert record is not None
+        return (yield from _expired_lease(engine, call, record, engine.clock()))
+    if (
+        engine.cache is not None and record is not None and record.response is not None
+        and record.expires_at and type(decided) is Outcome and decided.kind == "replayed"
+    ):
+        yield from cache_put(engine, call, record.response, record.expires_at)
+    return decided
+
+
+def decide_io(
+    engine: Engine, call: Call, record: StoredRecord | None
+) -> Generator[Command, Any, Claim | Outcome | None]:
+    """``decide`` and then ``settle``: the whole decision for an existing record."""
+    return (yield from settle(engine, call, record, decide(engine, call, record)))
+
+
+def _expired_lease(
+    engine: Engine, call: Call, record: StoredRecord, now: float
+) -> Generator[Command, Any, Claim | Outcome | None]:
+    """The owner crashed (no heartbeat within its lease): poison, or take over and count."""
+    scope, opts, fields = call.scope, call.options, call.fields()
+    try:
+        if opts.on_stuck == "fail":
+            poisoned = yield StoreCall(
+                "mark_failed", (scope,),
+                {"token": record.fencing_token, "now": now, "expires_at": now + opts.ttl,
+                 "only_if_lease_expired": True},
+            )
+            if not poisoned:
+                return (yield from _reread(engine, call))
+            engine.metrics.poisoned(scope.operation)
+            engine.log.warning("crashed_attempt_poisoned", status="FAILED", **fields)
+            return refused(call, call.error(
+                ErrorCode.REQUEST_FAILED, "a crashed attempt poisoned the scope"
+            ))
+        taken = yield StoreCall(
+            "take_over", (scope,),
+            {"expected_token": record.fencing_token, "now": now,
+             "lease_expires_at": now + opts.lease_timeout},
+        )
+        if taken is None:
+            return (yield from _reread(engine, call))
+        if taken.retry_count >= opts.max_retries:
+            yield from write_outcome(
+                engine, call, "mark_failed",
+                {"token": taken.token, "now": now, "expires_at": now + opts.ttl},
+            )
+    except IdempotencyError as err:
+        return refused(call, err)
+    if taken.retry_count >= opts.max_retries:
+        engine.metrics.poisoned(scope.operation)
+        engine.log.warning(
+            "taken_over_and_poisoned", status="FAILED", retry_count=taken.retry_count, **fields
+        )
+        return refused(call, call.error(
+            ErrorCode.REQUEST_FAILED, "retries exhausted by crashed attempts"
+        ), retry_count=taken.retry_count)
+    engine.log.info("taken_over", status="PROCESSING", retry_count=taken.retry_count, **fields)
+    return Claim(taken.token, taken.retry_count)
+
+
+def _reread(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome | None]:
+    try:
+        record = yield StoreCall("get", (call.scope,), {})
+    except IdempotencyError as err:
+        return refused(call, err)
+    if record is None or engine.expired(record, engine.clock()):
+        return None
+    return (yield from decide_io(engine, call, record))
+
+
+def unkeyed(
+    engine: Engine, operation: str, fn: Callable[[], Any], permanent: Permanent
+) -> Flow:
+    """``require_key=False`` and no key: the body runs without deduplication (counted as
+    ``unkeyed``); nothing is recorded, whatever it does."""
+    engine.unkeyed(operation)
+    try:
+        value = yield RunBody(fn, (), None, None)
+    except Exception as exc:
+        kind: OutcomeKind = "poisoned" if is_permanent(exc, permanent) else "failed"
+        return Outcome(
+            kind, error=type(exc).__name__, detail=f"{type(exc).__name__}: {exc}"[:500],
+            exception=exc, operation=operation, ran=True,
+        )
+    return Outcome("executed", result=value, operation=operation, ran=True)
+
+
+# ---------------------------------------------------------------------- the body
+def body_context(engine: Engine, call: Call, claim: Claim) -> IdempotencyContext:
+    """What ``current_context()`` returns inside the body: a fresh claim's counter is read
+    only if someone asks for it (it costs a round trip)."""
+    scope = call.scope
+    return LazyCountContext(
+        scope.tenant, scope.operation, scope.key, call.request_hash, "executing",
+        claim.retry_count, claim.token,
+        load=None if claim.counted else lambda: engine.read_count(scope),
+    )
+
+
+def lease_of(engine: Engine, call: Call, claim: Claim) -> Lease | None:
+    if engine.heartbeat is None:
+        return None
+    return Lease(call.scope, claim.token, call.options.lease_timeout)
+
+
+__all__ = [
+    "Flow",
+    "body_context",
+    "claim_scope",
+    "decide",
+    "decide_io",
+    "execute",
+    "lease_of",
+    "run_owned",
+    "unkeyed",
+]

@@ -1,0 +1,360 @@
+"""``IdempotencyHandler``: the public face of the engine.
+
+``run`` / ``run_async`` / ``run_many`` return an :class:`~idempotent_tasks.Outcome` and never
+raise for an expected one; ``execute`` / ``execute_async`` / ``execute_in_transaction`` are
+``run(...).unwrap()``.  Every integration calls these (and the maintenance and operator
+methods below) and nothing else: the algorithm lives in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ..stores.base import TransactionalStore
+from ..typing import OnStuck, Permanent, Seconds, seconds
+from . import maintenance
+from .batch import Entry, Mode, execute_many
+from .commands import Command, StoreCall
+from .drivers import drive, drive_async
+from .engine import Engine
+from .errors import ConfigurationError, IdempotencyError
+from .flow import execute, unkeyed
+from .outcome import Outcome, refusal_kind
+from .records import Record, Status, StoredRecord
+from .transactional import execute_in_transaction, unkeyed_in_transaction
+
+T = TypeVar("T")
+Flow = Generator[Command, Any, Outcome]
+
+
+class IdempotencyHandler(Engine):
+    """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm)."""
+
+    # ------------------------------------------------------------------ running bodies
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any = None,
+        permanent: Permanent = (),
+        transactional: bool = False,
+        require_key: bool = True,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> Outcome:
+        """Run ``fn()`` (``fn(conn)`` with ``transactional=True``) at most once per scope;
+        the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
+        flow = self._flow(
+            fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
+            lease_timeout, max_retries, on_stuck, False,
+        )
+        return flow if isinstance(flow, Outcome) else drive(self, flow)
+
+    async def run_async(
+        self,
+        afn: Callable[..., Awaitable[Any]],
+        *,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any = None,
+        permanent: Permanent = (),
+        transactional: bool = False,
+        require_key: bool = True,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> Outcome:
+        """``run`` for a coroutine function: ``afn`` is awaited on the running loop; store
+        calls are awaited on an async store and off-loaded to a thread on a sync one."""
+        flow = self._flow(
+            afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
+            lease_timeout, max_retries, on_stuck, True,
+        )
+        if isinstance(flow, Outcome):
+            return flow
+        return await drive_async(self, flow)
+
+    def run_many(
+        self,
+        calls: Sequence[Mapping[str, Any]],
+        fn: Callable[..., Any],
+        *,
+        permanent: Permanent = (),
+        transactional: bool = False,
+        batch_completion: bool = False,
+    ) -> list[Outcome]:
+        """``run`` for a batch, with one store round trip for all the claims (and, with
+        ``batch_completion=True``, one for all the successes).  Each call is a mapping of
+        ``run``'s keyword arguments (``operation``, ``tenant``, ``key``, ``payload``,
+        ``require_key``, ``ttl``, …; other entries are ignored); the body is ``fn(call)``
+        (``fn(call, conn)`` with ``transactional=True``).  One outcome per call, in order.
+
+        ``batch_completion=True`` writes the successes together after the bodies: a crash
+        between a body and that write re-runs the body once its lease expires, so the
+        at-least-once window of plain bodies grows from one call to one batch."""
+        if transactional and batch_completion:
+            raise ConfigurationError(
+                "batch_completion=True cannot be combined with transactional=True: each "
+                "success commits with its own body's transaction"
+            )
+        refusal = self._transactional_refusal(transactional, False)
+        entries = [self._entry(item, refusal) for item in calls]
+        mode = Mode(permanent, transactional, batch_completion)
+        return drive(self, execute_many(self, entries, fn, mode))
+
+    def execute(
+        self,
+        fn: Callable[[], T],
+        *,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any = None,
+        permanent: Permanent = (),
+        require_key: bool = True,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> T:
+        """Run ``fn`` at most once per scope; replay, refuse or wait otherwise.  Raises the
+        ``IdempotencyError`` of a refusal, or the body's own exception."""
+        flow = self._flow(
+            fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
+            lease_timeout, max_retries, on_stuck, False,
+        )
+        outcome = flow if isinstance(flow, Outcome) else drive(self, flow)
+        result: T = outcome.unwrap()
+        return result
+
+    async def execute_async(
+        self,
+        afn: Callable[[], Awaitable[T]],
+        *,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any = None,
+        permanent: Permanent = (),
+        require_key: bool = True,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> T:
+        """``execute`` for coroutines (``run_async(...).unwrap()``)."""
+        outcome = await self.run_async(
+            afn, operation=operation, tenant=tenant, key=key, payload=payload,
+            permanent=permanent, require_key=require_key, ttl=ttl, lease_timeout=lease_timeout,
+            max_retries=max_retries, on_stuck=on_stuck,
+        )
+        result: T = outcome.unwrap()
+        return result
+
+    def execute_in_transaction(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any = None,
+        permanent: Permanent = (),
+        require_key: bool = True,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> T:
+        """Run ``fn(conn)`` in one transaction that also commits SUCCESS (SQL stores)."""
+        result: T = self.run(
+            fn, operation=operation, tenant=tenant, key=key, payload=payload,
+            permanent=permanent, transactional=True, require_key=require_key, ttl=ttl,
+            lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+        ).unwrap()
+        return result
+
+    @property
+    def supports_transactions(self) -> bool:
+        """True when the store can run bodies in its own transaction (``transactional=True``)."""
+        return isinstance(self.store, TransactionalStore)
+
+    # ------------------------------------------------------------------ building a flow
+    def _flow(
+        self,
+        fn: Callable[..., Any],
+        operation: str,
+        tenant: str | None,
+        key: str | None,
+        payload: Any,
+        permanent: Permanent,
+        transactional: bool,
+        require_key: bool,
+        ttl: Seconds | None,
+        lease_timeout: Seconds | None,
+        max_retries: int | None,
+        on_stuck: OnStuck | None,
+        on_loop: bool,
+    ) -> Flow | Outcome:
+        """The flow for one call, or the outcome its input earns without any I/O."""
+        try:
+            call = self.prepare(
+                operation, tenant, key, payload, require_key, ttl, lease_timeout, max_retries,
+                on_stuck,
+            )
+            if transactional or self.io.native_async:
+                refusal = self._transactional_refusal(transactional, on_loop)
+                if refusal is not None:
+                    raise refusal
+        except IdempotencyError as err:
+            return _rejected(err, operation, tenant, key)
+        if transactional:
+            if call is None:
+                return unkeyed_in_transaction(self, operation, fn, permanent)
+            return execute_in_transaction(self, call, fn, permanent)
+        if call is None:
+            return unkeyed(self, operation, fn, permanent)
+        return execute(self, call, fn, permanent)
+
+    def _transactional_refusal(self, transactional: bool, on_loop: bool) -> IdempotencyError | None:
+        """CONFIGURATION_ERROR for a call this store cannot honour (checked before I/O)."""
+        store = self.store
+        if self.io.native_async and not on_loop:
+            return ConfigurationError(
+                f"{type(store).__name__} is an async store: use `await handler.run_async(...)` "
+                "or `await handler.execute_async(...)`"
+            )
+        if transactional and not isinstance(store, TransactionalStore):
+            return ConfigurationError(
+                f"transactional bodies need a SQL store; {type(store).__name__} cannot share a "
+                "transaction with the body"
+            )
+        if transactional and on_loop and not self.io.native_async:
+            return ConfigurationError(
+                "transactional coroutine bodies need an async SQL store; use "
+                "handler.execute_in_transaction(...) with a synchronous body"
+            )
+        return None
+
+    def _entry(self, item: Mapping[str, Any], refusal: IdempotencyError | None) -> Entry | Outcome:
+        operation = item.get("operation")
+        tenant, key = item.get("tenant"), item.get("key")
+        try:
+            if refusal is not None:
+                raise refusal
+            call = self.prepare(
+                operation,  # type: ignore[arg-type]
+                tenant, key, item.get("payload"), item.get("require_key", True),
+                item.get("ttl"), item.get("lease_timeout"), item.get("max_retries"),
+                item.get("on_stuck"),
+            )
+        except IdempotencyError as err:
+            return _rejected(err, operation, tenant, key)
+        return Entry(item, call.scope.operation if call else str(operation), call)
+
+    # ------------------------------------------------------------------ maintenance
+    def get_record(self, *, operation: str, tenant: str, key: str) -> Record | None:
+        """The live record of a scope (an expired one counts as absent), counter included."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return drive(self, maintenance.get_record(self, scope))
+
+    def recover_stuck_records(self, timeout: Seconds | None = None, limit: int = 100) -> int:
+        """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last
+        heartbeat is older than it): count the crashed attempt and release or poison
+        (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
+        timeout_s = None if timeout is None else seconds(timeout)
+        return drive(self, maintenance.recover(self, timeout_s, limit))
+
+    def cleanup_expired_records(self, limit: int = 500) -> int:
+        """Purge expired SUCCESS/FAILED records and stale counters; returns records purged."""
+        return drive(self, maintenance.cleanup(self, limit))
+
+    def unpoison(self, *, operation: str, tenant: str, key: str, actor: str = "operator") -> Record:
+        """Delete a FAILED record and reset its counter (audited); RECORD_NOT_FOUND if absent."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return drive(self, maintenance.unpoison(self, scope, actor))
+
+    # ------------------------------------------------------------------ operators
+    def list_records(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Record]:
+        """A page of records (oldest first), each with its counter, for operators."""
+        rows: list[StoredRecord] = self._admin(
+            "list_records", status=status, operation=operation, tenant=tenant, limit=limit,
+            offset=offset,
+        )
+        return [self.to_record(r, self._admin("get_retry_count", r.scope)) for r in rows]
+
+    def find_stuck_records(
+        self, *, timeout: Seconds | None = None, limit: int = 100
+    ) -> list[Record]:
+        """What ``recover_stuck_records`` would handle now, without changing anything."""
+        now = self.clock()
+        before = None if timeout is None else now - seconds(timeout)
+        rows: list[StoredRecord] = self._admin(
+            "find_stuck", now=now, heartbeat_before=before, limit=limit
+        )
+        return [self.to_record(r, self._admin("get_retry_count", r.scope)) for r in rows]
+
+    def record_counts(self) -> Mapping[tuple[str, Status], int]:
+        """Counts of records by (operation, status)."""
+        counts: Mapping[tuple[str, Status], int] = self._admin("stats")
+        return counts
+
+    def create_schema(self) -> None:
+        """Create the store's tables / scripts if missing (``idempotent-tasks migrate``)."""
+        self._admin("create_schema")
+
+    def try_lock(self, name: str, *, owner: str, ttl: float) -> bool:
+        """A named lease in the store (maintenance jobs): True if ``owner`` holds it now."""
+        held: bool = self._admin("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
+        return held
+
+    def unlock(self, name: str, *, owner: str) -> None:
+        self._admin("release_lock", name, owner=owner)
+
+    # -- added for the CLI (``inspect``/``unpoison`` of a scope without a record) ----------
+    def retry_count(self, *, operation: str, tenant: str, key: str) -> int:
+        """The scope's retry counter, which lives apart from its record: a scope released
+        after transient failures has no record but keeps the attempts it counted."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        count: int = self._admin("get_retry_count", scope)
+        return count
+
+    def _admin(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return drive(self, _one(StoreCall(name, args, kwargs)))
+
+
+def _one(command: StoreCall) -> Generator[Command, Any, Any]:
+    return (yield command)
+
+
+def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:
+    """Input refused before any I/O: nothing ran."""
+    return Outcome(
+        refusal_kind(err.code, ran=False), error_code=err.code, detail=err.message,
+        tenant=_text(err.tenant if err.tenant is not None else tenant),
+        operation=_text(err.operation if err.operation is not None else operation),
+        key=_text(err.key if err.key is not None else key), refusal=err,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+__all__ = ["IdempotencyHandler"]

@@ -1,0 +1,256 @@
+"""Recording what a body did (step 5 of the algorithm): SUCCESS, poison, or count and release.
+
+Every write here happens after the body ran, so it is retried with bounded backoff before
+it gives up with OUTCOME_NOT_RECORDED; every write is conditional on the record being
+PROCESSING with our fencing token, so a stale owner never overwrites a newer attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+from ..typing import Permanent
+from .answers import finished, not_recorded
+from .caching import cache_put
+from .commands import Command, Sleep, StoreCall
+from .engine import Call, Claim, Engine
+from .errors import ErrorCode, IdempotencyError, StoreUnavailableError
+from .outcome import Outcome, OutcomeKind
+from .records import IdempotencyContext
+
+Flow = Generator[Command, Any, Outcome]
+Step = Generator[Command, Any, Any]
+
+
+def complete(
+    engine: Engine, call: Call, claim: Claim, ctx: IdempotencyContext, value: Any
+) -> Flow:
+    """Record a body's result (step 5): SUCCESS, conditional on status and our token."""
+    try:
+        encoded = engine.encode_response(call, value)
+    except IdempotencyError as err:  # the body ran: it must never run again
+        return (yield from unstorable(engine, call, claim, ctx, err))
+    now = engine.clock()
+    command = StoreCall("mark_success", (call.scope,), {
+        "token": claim.token, "response": encoded, "now": now,
+        "expires_at": now + call.options.ttl,
+    })
+    try:
+        stored = yield command
+    except StoreUnavailableError as exc:  # the first try inline: no sub-generator on the hot path
+        try:
+            stored = yield from _retry_outcome(engine, call, command, exc)
+        except IdempotencyError as err:
+            return not_recorded(call, claim, ctx, err)
+    except IdempotencyError as err:
+        return not_recorded(call, claim, ctx, err)
+    return (yield from succeeded(engine, call, claim, ctx, encoded, stored, now))
+
+
+def succeeded(
+    engine: Engine,
+    call: Call,
+    claim: Claim,
+    ctx: IdempotencyContext,
+    encoded: bytes,
+    stored: bool,
+    now: float,
+) -> Flow:
+    """After the SUCCESS write: the replayable value, metrics, log and cache."""
+    value = engine.serializer.loads(encoded)
+    if not stored:
+        adopted = yield from _adopt_success(engine, call, encoded)
+        if not adopted:
+            engine.lease_lost(call)
+            return finished(call, claim, ctx, "executed", result=value)
+    engine.metrics.execution(call.scope.operation, "success")
+    engine.debug("executed", call, status="SUCCESS")
+    if engine.cache is not None:
+        yield from cache_put(engine, call, encoded, now + call.options.ttl)
+    return finished(call, claim, ctx, "executed", result=value)
+
+
+def _adopt_success(engine: Engine, call: Call, encoded: bytes) -> Generator[Command, Any, bool]:
+    """Our SUCCESS write was refused.  If no attempt owns the scope any more — recovery
+    released it while we were paused past our lease — the body that really ran is ours:
+    claim the scope afresh and record its outcome, so that no redelivery runs it again.
+    If another attempt holds it (a takeover), we are truly stale: write nothing."""
+    now = engine.clock()
+    try:
+        claimed = yield from write_outcome(
+            engine, call, "create",
+            {"request_hash": call.request_hash, "now": now,
+             "lease_expires_at": now + call.options.lease_timeout},
+        )
+        if not claimed.created:
+            return False
+        stored: bool = yield from write_outcome(
+            engine, call, "mark_success",
+            {"token": claimed.record.fencing_token, "response": encoded, "now": now,
+             "expires_at": now + call.options.ttl},
+        )
+    except IdempotencyError:
+        return False  # logged by the wrapper; the lease decides
+    if stored:
+        engine.log.warning("released_scope_adopted", status="SUCCESS", **call.fields())
+    return stored
+
+
+def unstorable(
+    engine: Engine, call: Call, claim: Claim, ctx: IdempotencyContext, err: IdempotencyError
+) -> Flow:
+    """A result that cannot be serialised: poison the scope (the body already ran)."""
+    try:
+        yield from poison(engine, call, claim.token, reason="response_not_serializable")
+    except IdempotencyError as unwritten:
+        return not_recorded(call, claim, ctx, unwritten)
+    return finished(call, claim, ctx, "poisoned", err=err)
+
+
+def body_failed(
+    engine: Engine,
+    call: Call,
+    claim: Claim,
+    ctx: IdempotencyContext,
+    exc: BaseException,
+    permanent: Permanent,
+) -> Flow:
+    """The body raised: a permanent error poisons; a transient one is counted and releases
+    the scope, or poisons at ``max_retries``.  A ``BaseException`` that is not an
+    ``Exception`` is recorded the same way, then propagates."""
+    try:
+        kind, count = yield from record_failure(engine, call, claim.token, exc, permanent)
+    except IdempotencyError as err:  # OUTCOME_NOT_RECORDED
+        outcome = not_recorded(call, claim, ctx, err, exc)
+    else:
+        outcome = finished(
+            call, claim, ctx, kind, exc=exc,
+            retry_count=claim.retry_count if count is None else count,
+        )
+    if not isinstance(exc, Exception):
+        raise exc
+    return outcome
+
+
+def record_failure(
+    engine: Engine, call: Call, token: int, exc: BaseException, permanent: Permanent
+) -> Generator[Command, Any, tuple[OutcomeKind, int | None]]:
+    """Write what a failed body means; returns the kind and the counter (``None``: not read).
+    Raises OUTCOME_NOT_RECORDED when the store stays away."""
+    error = type(exc).__name__
+    if is_permanent(exc, permanent):
+        engine.metrics.execution(call.scope.operation, "permanent_failure")
+        yield from poison(engine, call, token, reason="permanent_failure", error=error, cause=exc)
+        return "poisoned", None
+    engine.metrics.execution(call.scope.operation, "transient_failure")
+    now = engine.clock()
+    result = yield from write_outcome(
+        engine, call, "record_failure",
+        {"token": token, "now": now, "max_retries": call.options.max_retries,
+         "expires_at": now + call.options.ttl},
+        cause=exc,
+    )
+    if result is None:  # another attempt owns the scope: nothing was counted
+        engine.lease_lost(call)
+        return "failed", None
+    if result.poisoned:
+        engine.metrics.poisoned(call.scope.operation)
+        engine.log.warning(
+            "poisoned", status="FAILED", reason="retries_exhausted",
+            retry_count=result.retry_count, error=error, **call.fields(),
+        )
+        return "poisoned", result.retry_count
+    engine.log.info(
+        "released_for_retry", status="RELEASED", retry_count=result.retry_count, error=error,
+        **call.fields(),
+    )
+    return "failed", result.retry_count
+
+
+def poison(
+    engine: Engine,
+    call: Call,
+    token: int,
+    *,
+    reason: str,
+    error: str | None = None,
+    cause: BaseException | None = None,
+) -> Generator[Command, Any, bool]:
+    """Mark our attempt FAILED; False (and ``lease_lost``) when another attempt owns it."""
+    now = engine.clock()
+    ok = yield from write_outcome(
+        engine, call, "mark_failed",
+        {"token": token, "now": now, "expires_at": now + call.options.ttl}, cause=cause,
+    )
+    if not ok:
+        engine.lease_lost(call)
+        return False
+    engine.metrics.poisoned(call.scope.operation)
+    engine.log.warning("poisoned", status="FAILED", reason=reason, error=error, **call.fields())
+    return True
+
+
+def is_permanent(exc: BaseException, permanent: Permanent) -> bool:
+    if isinstance(exc, IdempotencyError) and exc.code is ErrorCode.CONFIGURATION_ERROR:
+        return True
+    if callable(permanent) and not isinstance(permanent, tuple):
+        return bool(permanent(exc))
+    return bool(permanent) and isinstance(exc, permanent)
+
+
+def write_outcome(
+    engine: Engine,
+    call: Call,
+    name: str,
+    kwargs: dict[str, Any],
+    *,
+    args: tuple[Any, ...] | None = None,
+    cause: BaseException | None = None,
+) -> Step:
+    """A write after the body ran: retried with bounded backoff, then OUTCOME_NOT_RECORDED.
+    ``args`` default to the call's scope."""
+    command = StoreCall(name, (call.scope,) if args is None else args, kwargs)
+    try:
+        return (yield command)
+    except StoreUnavailableError as exc:
+        return (yield from _retry_outcome(engine, call, command, exc, cause))
+
+
+def _retry_outcome(
+    engine: Engine,
+    call: Call,
+    command: StoreCall,
+    failed: StoreUnavailableError,
+    cause: BaseException | None = None,
+) -> Step:
+    deadline = time.monotonic() + engine.outcome_retry_timeout
+    delay = 0.05
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            engine.log.error("outcome_not_recorded", call=command.name, **call.fields())
+            err = call.error(
+                ErrorCode.OUTCOME_NOT_RECORDED,
+                f"the body ran but its outcome could not be written: {failed.message}",
+            )
+            raise err from (cause or failed)
+        yield Sleep(min(delay, remaining))
+        delay = min(delay * 2, 2.0)
+        try:
+            return (yield command)
+        except StoreUnavailableError as exc:
+            failed = exc
+
+
+__all__ = [
+    "body_failed",
+    "complete",
+    "is_permanent",
+    "poison",
+    "record_failure",
+    "succeeded",
+    "unstorable",
+    "write_outcome",
+]

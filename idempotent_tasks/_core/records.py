@@ -1,0 +1,166 @@
+"""Value types shared by the handler and every store: statuses, scopes, records, outcomes."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Status(enum.StrEnum):
+    PROCESSING = "PROCESSING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+
+class Scope(NamedTuple):
+    """(tenant, operation, key): two scopes that differ in any part never share a record.
+
+    A named tuple: built and hashed on every delivery (a frozen dataclass costs several
+    times more)."""
+
+    tenant: str
+    operation: str
+    key: str
+
+    def encoded(self) -> str:
+        """A collision-free single-string form: each part length-prefixed.
+
+        ``("a:b", "c", k)`` and ``("a", "b:c", k)`` encode differently because the lengths
+        differ, whatever characters the parts contain.
+        """
+        t, o, k = self.tenant, self.operation, self.key
+        return f"{len(t)}:{t}|{len(o)}:{o}|{len(k)}:{k}"
+
+
+@dataclass(slots=True)
+class StoredRecord:
+    """A record as a store returns it: the response still encoded (``bytes``), no counter.
+    Treat it as read-only (not frozen: a frozen dataclass is slow to build)."""
+
+    scope: Scope
+    status: Status
+    request_hash: str
+    response: bytes | None
+    fencing_token: int
+    created_at: float
+    updated_at: float
+    lease_expires_at: float | None
+    expires_at: float | None
+
+    @classmethod
+    def claimed(
+        cls, scope: Scope, request_hash: str, token: int, now: float, lease_expires_at: float
+    ) -> StoredRecord:
+        """The record a successful ``create`` writes: PROCESSING, owned by ``token``."""
+        return cls(
+            scope=scope, status=Status.PROCESSING, request_hash=request_hash, response=None,
+            fencing_token=token, created_at=now, updated_at=now,
+            lease_expires_at=lease_expires_at, expires_at=None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The public view of one scope's state (``handler.get_record``).
+
+    ``response`` is the decoded value (what a replay returns); ``retry_count`` reads the
+    counter, which lives apart from the record.  Timestamps are epoch seconds from the
+    handler's clock.
+    """
+
+    tenant: str
+    operation: str
+    key: str
+    status: Status
+    request_hash: str
+    response: Any
+    retry_count: int
+    fencing_token: int
+    created_at: float
+    updated_at: float
+    lease_expires_at: float | None
+    expires_at: float | None
+
+
+class CreateOutcome(enum.StrEnum):
+    CREATED = "CREATED"
+    DUPLICATE = "DUPLICATE"
+
+
+@dataclass(slots=True)
+class CreateResult:
+    """What ``Store.create`` returns: CREATED (we own ``fencing_token``) or DUPLICATE with the
+    existing record, read in the same round trip."""
+
+    outcome: CreateOutcome
+    record: StoredRecord
+
+    @property
+    def created(self) -> bool:
+        return self.outcome is CreateOutcome.CREATED
+
+
+@dataclass(slots=True)
+class IdempotencyContext:
+    """What the library decided for the body running in this thread/task.
+
+    ``outcome`` is one of ``"executing"``, ``"executed"``, ``"replayed"``, ``"unkeyed"``,
+    ``"failed"``, ``"poisoned"``, ``"in_progress"``, ``"rejected"``.
+    """
+
+    tenant: str | None
+    operation: str
+    key: str | None
+    request_hash: str | None
+    outcome: str
+    retry_count: int = 0
+    fencing_token: int | None = None
+
+
+class LazyCountContext(IdempotencyContext):
+    """An :class:`IdempotencyContext` whose ``retry_count`` is read from the store on first
+    access.
+
+    A fresh claim does not know the scope's counter (earlier attempts may have been released
+    and counted); reading it on every claim would cost a round trip on the hot path, so it
+    is read only if the body (or an integration) asks.  While the body runs we own the
+    scope, so the counter cannot change under us.
+    """
+
+    __slots__ = ("_load",)
+
+    def __init__(
+        self,
+        tenant: str | None,
+        operation: str,
+        key: str | None,
+        request_hash: str | None,
+        outcome: str,
+        retry_count: int = 0,
+        fencing_token: int | None = None,
+        *,
+        load: Callable[[], int] | None = None,
+    ) -> None:
+        IdempotencyContext.__init__(
+            self, tenant, operation, key, request_hash, outcome, retry_count, fencing_token
+        )
+        self._load = load
+
+    @property
+    def retry_count(self) -> int:
+        load = getattr(self, "_load", None)
+        if load is not None:
+            self._load = None
+            _COUNT_SLOT.__set__(self, load())
+        value: int = _COUNT_SLOT.__get__(self)
+        return value
+
+    @retry_count.setter
+    def retry_count(self, value: int) -> None:
+        _COUNT_SLOT.__set__(self, value)
+        self._load = None
+
+
+_COUNT_SLOT: Any = IdempotencyContext.__dict__["retry_count"]

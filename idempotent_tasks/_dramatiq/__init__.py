@@ -1,1 +1,0 @@
-"""Internals of :mod:`idempotent_tasks.dramatiq` (the public names live there)."""

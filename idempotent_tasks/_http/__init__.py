@@ -1,1 +1,0 @@
-"""Private building blocks of :mod:`idempotent_tasks.http` (routes, capture, ASGI, WSGI)."""

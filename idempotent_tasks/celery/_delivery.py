@@ -1,0 +1,102 @@
+"""One delivery of an idempotent Celery task: where its scope comes from.
+
+Key: the ``idempotency_key`` header > the task's ``key=`` function > the task id (only with
+``require_key=False``).  Tenant: the ``idempotency_tenant`` header > ``tenant=`` >
+``setup(default_tenant=)``.  Payload: ``payload=`` or ``{"args": [...], "kwargs": {...}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.errors import ErrorCode, InvalidInputError
+from .._core.handler import IdempotencyHandler
+from .._core.keys import KEY_OPTION, TENANT_OPTION
+
+#: Message headers read by the worker; other producers set them too (``-`` is accepted for ``_``).
+KEY_HEADER = KEY_OPTION
+TENANT_HEADER = TENANT_OPTION
+
+
+class RetryRequested(Exception):
+    """``self.retry()`` inside an idempotent body: a transient failure, counted *before* the
+    retry is published (the engine records it; then the task calls Celery's real ``retry``)."""
+
+    def __init__(self, retry_options: dict[str, Any]) -> None:
+        super().__init__("task body asked for a retry")
+        self.retry_options = retry_options
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One delivery as the task sees it: the resolved scope and the handler to run it on."""
+
+    task: Any  # the IdempotentTask (typed loosely: this module sits below the task class)
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    handler: IdempotencyHandler
+    tenant: str | None
+    key: str | None
+    payload: Any
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant, "operation": self.task.name, "key": self.key,
+            "task_id": self.task.request.id,
+        }
+
+
+def header(request: Any, name: str) -> str | None:
+    """A message header in a worker or in eager mode (only ``request.headers`` there)."""
+    headers = getattr(request, "headers", None) or {}
+    for variant in (name, name.replace("_", "-")):
+        value = headers.get(variant)
+        if value is None:
+            value = getattr(request, variant, None) if variant.isidentifier() else None
+        if value is not None:
+            return str(value)
+    return None
+
+
+def _from_function(
+    fn: Callable[..., Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any], code: ErrorCode
+) -> Any:
+    if fn is None:
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        message = f"{code.value.lower()} function failed: {exc!r}"
+        raise InvalidInputError(message, code=code) from exc
+
+
+def resolve(
+    task: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    handler: IdempotencyHandler,
+    default_tenant: str | None,
+) -> Delivery:
+    """The delivery's scope (module docstring); a failing key/tenant/payload function is
+    invalid input (``InvalidInputError`` with the matching code)."""
+    request = task.request
+    key = header(request, KEY_HEADER) or _from_function(
+        task.key, args, kwargs, ErrorCode.INVALID_KEY
+    )
+    if key is None and not task.require_key:
+        key = request.id
+    tenant = (
+        header(request, TENANT_HEADER)
+        or _from_function(task.tenant, args, kwargs, ErrorCode.INVALID_TENANT)
+        or default_tenant
+    )
+    if task.payload is not None:
+        payload = _from_function(task.payload, args, kwargs, ErrorCode.INVALID_PAYLOAD)
+    else:
+        payload = {"args": list(args), "kwargs": kwargs}
+    return Delivery(task, args, kwargs, handler, tenant, key, payload)
+
+
+__all__ = ["KEY_HEADER", "TENANT_HEADER", "Delivery", "RetryRequested", "header", "resolve"]

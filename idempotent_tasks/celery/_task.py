@@ -1,0 +1,242 @@
+"""``IdempotentTask``: every delivery of a Celery task goes through the engine.
+
+What is guaranteed (docs/guarantees.md): duplicate deliveries of a scope whose record exists
+never run the body again; a worker killed inside the body leads (``acks_late`` +
+``reject_on_worker_lost``, the defaults here) to redelivery, and once the lease expires to a
+takeover that counts one retry; ``max_retries`` is the store's counter, never Celery's.
+
+The body runs through :meth:`IdempotencyHandler.run`, so the claim, heartbeat, fencing and
+recording are the engine's.  This module only resolves the scope and runs the body;
+:mod:`._outcomes` maps the :class:`~idempotent_tasks.Outcome` onto what the task does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from contextvars import ContextVar
+from types import FunctionType
+from typing import Any
+
+import celery
+import structlog
+from celery.exceptions import Ignore, Reject
+
+from .._core.context import current_context
+from .._core.errors import IdempotencyError
+from ..typing import Permanent, Seconds
+from . import _outcomes
+from ._delivery import KEY_HEADER, TENANT_HEADER, Delivery, RetryRequested, resolve
+from ._state import ATTRIBUTE, CeleryState, state_for
+
+_FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent")
+_IN_BODY = "_idempotency_in_body"
+
+_connection: ContextVar[Any] = ContextVar("idempotent_tasks_celery_connection", default=None)
+
+
+def current_connection() -> Any:
+    """The SQLAlchemy ``Connection`` of the running ``transactional=True`` body, else None.
+
+    Writes made through it commit together with the task's SUCCESS record.
+    """
+    return _connection.get()
+
+
+class IdempotentTask(celery.Task):  # type: ignore[misc]
+    """Base class of idempotent tasks: ``@app.task(base=IdempotentTask, permanent=(...))``.
+
+    The idempotency options are class attributes, so every ``app.task`` option works with
+    them.  ``max_retries`` given to the decorator is the handler's (failed attempts before
+    poisoning); Celery's own ``max_retries`` is kept at ``None`` so it never ends a task first.
+    """
+
+    #: Exceptions (tuple) or a predicate that poison the scope instead of retrying.
+    permanent: Permanent = ()
+    #: ``key(*args, **kwargs) -> str``: the key when no ``idempotency_key`` header is sent.
+    key: Callable[..., str | None] | None = None
+    #: ``tenant(*args, **kwargs) -> str``: the tenant when no ``idempotency_tenant`` header.
+    tenant: Callable[..., str | None] | None = None
+    #: ``payload(*args, **kwargs)``: what is hashed; default ``{"args": ..., "kwargs": ...}``.
+    payload: Callable[..., Any] | None = None
+    ttl: Seconds | None = None
+    lease_timeout: Seconds | None = None
+    on_stuck: str | None = None
+    require_key: bool = True
+    transactional: bool = False
+    #: The store-counted attempt limit (docs/design.md); ``None``: the handler's default.
+    idempotency_max_retries: int | None = None
+    #: (initial, cap) seconds for in-progress and store-down retries (never counted).
+    wait_backoff: tuple[float, float] = (1.0, 60.0)
+
+    # Crash safety (docs/guarantees.md): a killed worker's message is redelivered, not lost.
+    acks_late = True
+    reject_on_worker_lost = True
+    max_retries = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _FUNCTION_OPTIONS:
+            value = cls.__dict__.get(name)
+            if isinstance(value, FunctionType):  # keep plain functions unbound
+                setattr(cls, name, staticmethod(value))
+        own_max = cls.__dict__.get("max_retries")
+        if own_max is not None:
+            if "idempotency_max_retries" not in cls.__dict__:
+                cls.idempotency_max_retries = own_max
+            cls.max_retries = None
+
+    @classmethod
+    def on_bound(cls, app: celery.Celery) -> None:
+        """Tell the handler this task's options once the app knows it (recovery uses them)."""
+        super().on_bound(app)
+        register_task_options(app, cls)
+
+    # ------------------------------------------------------------------ producing
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """``apply_async`` plus ``idempotency_key=`` and ``tenant=``, sent as message headers."""
+        _add_headers(options, idempotency_key, tenant)
+        return super().apply_async(
+            args, kwargs, task_id, producer, link, link_error, shadow, **options
+        )
+
+    def apply(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Eager execution with the same ``idempotency_key=`` / ``tenant=`` options."""
+        _add_headers(options, idempotency_key, tenant)
+        return super().apply(args, kwargs, **options)
+
+    # ------------------------------------------------------------------ executing
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:
+            # A plain function call (no message, no result): Celery semantics, no dedup.
+            return super().__call__(*args, **kwargs)
+        with structlog.contextvars.bound_contextvars(task_id=self.request.id, task=self.name):
+            return run_delivery(self, args, kwargs)
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Inside the body: a transient failure that the store counts *before* the retry is
+        published.  Outside it: Celery's ``retry``."""
+        if getattr(self.request, _IN_BODY, False):
+            if args:
+                raise TypeError("call self.retry() with keyword arguments in idempotent tasks")
+            raise RetryRequested(kwargs)
+        return super().retry(*args, **kwargs)
+
+    def is_permanent(self, exc: BaseException) -> bool:
+        """``permanent=`` plus Celery's own "never again" signals: ``Reject(requeue=False)``
+        and ``Ignore``.  Everything else (``SoftTimeLimitExceeded`` included) is transient."""
+        if isinstance(exc, Ignore) or (isinstance(exc, Reject) and not exc.requeue):
+            return True
+        permanent = self.permanent
+        if isinstance(permanent, tuple):
+            return bool(permanent) and isinstance(exc, permanent)
+        return bool(permanent(exc))
+
+
+def _add_headers(options: dict[str, Any], key: str | None, tenant: str | None) -> None:
+    if key is None and tenant is None:
+        return
+    headers = dict(options.get("headers") or {})
+    if key is not None:
+        headers[KEY_HEADER] = key
+    if tenant is not None:
+        headers[TENANT_HEADER] = tenant
+    options["headers"] = headers
+
+
+def register_task_options(app: celery.Celery, task_cls: type) -> None:
+    """Decorator options become the operation's defaults (call site > task > handler)."""
+    state = getattr(app, ATTRIBUTE, None)
+    name = getattr(task_cls, "name", None)
+    if not isinstance(state, CeleryState) or not issubclass(task_cls, IdempotentTask) or not name:
+        return
+    current = state.handler.options_for(name)
+    ttl, lease = task_cls.ttl, task_cls.lease_timeout
+    state.handler.register_operation(
+        name,
+        ttl=current.ttl if ttl is None else ttl,
+        lease_timeout=current.lease_timeout if lease is None else lease,
+        max_retries=task_cls.idempotency_max_retries or current.max_retries,
+        on_stuck=task_cls.on_stuck or current.on_stuck,  # type: ignore[arg-type]
+    )
+
+
+
+# ---------------------------------------------------------------------- running
+def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Resolve the scope, run the body through the engine, map the outcome onto Celery."""
+    state = state_for(task.app)
+    try:
+        delivery = resolve(task, args, kwargs, state.handler, state.default_tenant)
+    except IdempotencyError as exc:
+        _outcomes.invalid_input(task, state.handler, exc)
+    if task.transactional:
+        body: Callable[..., Any] = lambda conn: _body(delivery, conn)  # noqa: E731
+    else:
+        body = lambda: _body(delivery, None)  # noqa: E731
+    outcome = delivery.handler.run(
+        body, operation=task.name, tenant=delivery.tenant, key=delivery.key,
+        payload=delivery.payload, permanent=task.is_permanent,
+        transactional=task.transactional, require_key=task.require_key, ttl=task.ttl,
+        lease_timeout=task.lease_timeout, max_retries=task.idempotency_max_retries,
+        on_stuck=task.on_stuck,  # type: ignore[arg-type]
+    )
+    return _outcomes.apply(delivery, outcome)
+
+
+def _body(delivery: Delivery, conn: Any) -> Any:
+    """The task's own code, with the context on the request and the connection published."""
+    task = delivery.task
+    request = task.request
+    request.idempotency = current_context()
+    setattr(request, _IN_BODY, True)
+    token = _connection.set(conn)
+    kwargs = delivery.kwargs
+    if conn is not None and _accepts_conn(task):
+        kwargs = {**kwargs, "conn": conn}
+    try:
+        # The worker's tracer has already pushed this task and its request, so the body runs
+        # as Celery runs a task without a custom __call__: ``run`` itself.
+        return task.run(*delivery.args, **kwargs)
+    finally:
+        _connection.reset(token)
+        setattr(request, _IN_BODY, False)
+
+
+def _accepts_conn(task: IdempotentTask) -> bool:
+    try:
+        return "conn" in inspect.signature(task.run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = [
+    "KEY_HEADER",
+    "TENANT_HEADER",
+    "IdempotentTask",
+    "RetryRequested",
+    "current_connection",
+    "register_task_options",
+    "run_delivery",
+]

@@ -1,0 +1,37 @@
+"""``demo``: the command wrapper; the demo itself lives in :mod:`idempotent_tasks.demo.run`
+and is imported only when the command runs (it pulls in Celery and Dramatiq).  The demo
+never imports the CLI (the dependency goes one way): the console comes from here."""
+
+from __future__ import annotations
+
+import click
+from click.core import ParameterSource
+
+from ._app import EXIT_OK, CliState, make_console, pass_state
+
+
+@click.command()
+@click.option("--store", "store_url", default=None, metavar="URL",
+              help="Run on this store instead of a SQLite file in a temporary directory.")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory (and its SQLite file).")
+@pass_state
+@click.pass_context
+def demo(ctx: click.Context, state: CliState, store_url: str | None, keep: bool) -> None:
+    """Run duplicate, concurrent, failing and crashing deliveries through the core handler,
+    Celery and Dramatiq, and report what ran once, replayed, was poisoned or recovered.
+
+    Exits 1 when anything did not behave as guaranteed.  Uses the group's --store only when
+    it was given on the command line (never the environment's production store).
+    """
+    from ..demo.run import run_demo
+
+    parent = ctx.parent
+    explicit = (
+        parent is not None
+        and parent.get_parameter_source("url") is ParameterSource.COMMANDLINE
+    )
+    if store_url is None and explicit:
+        store_url = state.url
+    code = run_demo(store_url, keep=keep, console=make_console())
+    if code != EXIT_OK:
+        ctx.exit(code)

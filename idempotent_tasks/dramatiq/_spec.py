@@ -1,0 +1,168 @@
+"""What an idempotent actor declared, and how one message resolves to a scope.
+
+Actor options (declared by :class:`~idempotent_tasks.dramatiq.IdempotencyMiddleware`) are
+read once per actor into an :class:`ActorSpec`.  Per message, the key and tenant come from
+``message.options`` first (so any producer, in any language, can set them), then from the
+actor's ``key=`` / ``tenant=`` options, then from the middleware's ``default_tenant`` or,
+only with ``require_key=False``, the Dramatiq message id (stable across broker redelivery
+and Dramatiq retries, which re-enqueue the same message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._core import keys
+from .._core.errors import ErrorCode, InvalidInputError
+from ..typing import OnStuck, Permanent, Seconds
+
+#: Message options a producer sets (``send_with_options(idempotency_key=..., tenant=...)``).
+KEY_OPTION = keys.KEY_OPTION
+TENANT_OPTIONS = ("tenant", keys.TENANT_OPTION)
+
+#: Actor options the middleware declares.  ``idempotency_max_retries`` is the store's
+#: failed-attempt count before poisoning (Dramatiq's own ``max_retries`` is a different thing
+#: and never ends an idempotent actor's message first).
+ACTOR_OPTIONS = frozenset(
+    {
+        "idempotent",
+        "operation",
+        "permanent",
+        "key",
+        "tenant",
+        "payload",
+        "ttl",
+        "lease_timeout",
+        "on_stuck",
+        "require_key",
+        "idempotency_max_retries",
+        "transactional",
+    }
+)
+
+KeyFn = Callable[..., Any]
+TenantOption = str | Callable[..., Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActorSpec:
+    """The idempotency settings of one actor, read from its options at declaration."""
+
+    operation: str
+    permanent: Permanent = ()
+    key: KeyFn | None = None
+    tenant: TenantOption = None
+    payload: Callable[..., Any] | None = None
+    require_key: bool = True
+    transactional: bool = False
+    ttl: Seconds | None = None
+    lease_timeout: Seconds | None = None
+    max_retries: int | None = None
+    on_stuck: OnStuck | None = None
+
+    @classmethod
+    def from_options(cls, actor_name: str, options: Mapping[str, Any]) -> ActorSpec:
+        return cls(
+            operation=options.get("operation") or actor_name,
+            permanent=options.get("permanent") or (),
+            key=options.get("key"),
+            tenant=options.get("tenant"),
+            payload=options.get("payload"),
+            require_key=bool(options.get("require_key", True)),
+            transactional=bool(options.get("transactional", False)),
+            ttl=options.get("ttl"),
+            lease_timeout=options.get("lease_timeout"),
+            max_retries=options.get("idempotency_max_retries"),
+            on_stuck=options.get("on_stuck"),
+        )
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The per-actor defaults to register with the handler (decorator > handler)."""
+        values = {
+            "ttl": self.ttl,
+            "lease_timeout": self.lease_timeout,
+            "max_retries": self.max_retries,
+            "on_stuck": self.on_stuck,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """One message's scope parts and payload, before the handler validates them."""
+
+    tenant: Any
+    key: Any
+    payload: Any
+
+
+def resolve(
+    spec: ActorSpec,
+    options: Mapping[str, Any],
+    message_id: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    default_tenant: str | None,
+) -> Resolved:
+    """Key, tenant and payload of one message (see the module docstring for precedence)."""
+    return Resolved(
+        tenant=_tenant(spec, options, args, kwargs, default_tenant),
+        key=_key(spec, options, message_id, args, kwargs),
+        payload=_payload(spec, args, kwargs),
+    )
+
+
+def _key(
+    spec: ActorSpec,
+    options: Mapping[str, Any],
+    message_id: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> Any:
+    key = options.get(KEY_OPTION)
+    if key is None and spec.key is not None:
+        key = _call(spec.key, args, kwargs, ErrorCode.INVALID_KEY, "key")
+    if key is None and not spec.require_key:
+        key = message_id
+    return key
+
+
+def _tenant(
+    spec: ActorSpec,
+    options: Mapping[str, Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    default_tenant: str | None,
+) -> Any:
+    for name in TENANT_OPTIONS:
+        if options.get(name) is not None:
+            return options[name]
+    tenant: Any = spec.tenant
+    if callable(tenant):
+        tenant = _call(tenant, args, kwargs, ErrorCode.INVALID_TENANT, "tenant")
+    return tenant if tenant is not None else default_tenant
+
+
+def _payload(spec: ActorSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    if spec.payload is not None:
+        return _call(spec.payload, args, kwargs, ErrorCode.INVALID_PAYLOAD, "payload")
+    return {"args": list(args), "kwargs": dict(kwargs)}
+
+
+def _call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    code: ErrorCode,
+    what: str,
+) -> Any:
+    """Run a user's key/tenant/payload function; its failure is bad input, not a crash."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise InvalidInputError(
+            f"the actor's {what}= function failed: {exc!r}", code=code
+        ) from exc

@@ -1,0 +1,106 @@
+"""Key propagation: enqueue a Celery task or Dramatiq message from inside any protected body
+(an HTTP request, a Celery task, a Dramatiq actor, a consumed message) with an idempotency
+key derived from the body's own scope.
+
+Why derive rather than generate: a body that fails transiently (or whose worker crashes) is
+executed again on the next delivery or the client's retry, and would enqueue its task again.
+With a key derived deterministically from (tenant, operation, key) + task name + suffix +
+position, the second enqueue carries the *same* key, so the task's own idempotency handling
+replays instead of running twice.  A replayed delivery does not run its body at all, so it
+enqueues nothing.
+
+Position: the n-th ``enqueue_once`` of the same task name and suffix within one execution
+of the body gets the n-th key, so a loop enqueuing one task per item works, provided the
+body enqueues in a deterministic order (or passes distinct ``key_suffix`` values).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from typing import Any
+
+from ._core.context import current_context
+from ._core.errors import ConfigurationError
+from ._core.keys import KEY_OPTION, TENANT_OPTION, derive_key
+from ._core.records import IdempotencyContext
+
+_Positions = tuple[IdempotencyContext, dict[tuple[str, str], int]]
+_POSITIONS: ContextVar[_Positions | None] = ContextVar("idempotent_tasks_enqueue", default=None)
+_LOCK = threading.Lock()
+
+
+def begin_enqueue_scope(ctx: IdempotencyContext) -> None:
+    """Start counting positions for one body execution.
+
+    Integrations call it before the body runs (the HTTP middlewares do), so that threads and
+    tasks the body spawns (which copy the context) share one counter instead of each
+    starting at 0.  Without it, the counter starts at the first ``enqueue_once``.
+    """
+    _POSITIONS.set((ctx, {}))
+
+
+def _next_position(ctx: IdempotencyContext, name: str, suffix: str) -> int:
+    state = _POSITIONS.get()
+    if state is None or state[0] is not ctx:
+        state = (ctx, {})
+        _POSITIONS.set(state)
+    with _LOCK:
+        counts = state[1]
+        position = counts.get((name, suffix), 0)
+        counts[(name, suffix)] = position + 1
+    return position
+
+
+def derive_task_key(
+    ctx: IdempotencyContext, task_name: str, key_suffix: str = "", position: int = 0
+) -> str:
+    """The key of a task enqueued from the body of ``ctx``: the hex SHA-256 of the
+    length-prefixed parts (the one derivation the library uses for child keys, so no two
+    different tuples of parts share a key)."""
+    return derive_key(
+        ctx.tenant or "", ctx.operation, ctx.key or "", task_name, key_suffix, str(position)
+    )
+
+
+def _task_name(task_or_actor: Any) -> str:
+    name = getattr(task_or_actor, "actor_name", None) or getattr(task_or_actor, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"cannot tell the task name of {task_or_actor!r}")
+    return name
+
+
+def enqueue_once(task_or_actor: Any, *args: Any, key_suffix: str = "", **kwargs: Any) -> Any:
+    """Enqueue ``task_or_actor(*args, **kwargs)`` with a key derived from the current scope.
+
+    * Dramatiq actor: ``send_with_options(args=..., kwargs=..., idempotency_key=..., tenant=...)``
+      (the options travel in ``message.options``); returns the ``Message``.
+    * Celery task: ``apply_async(args, kwargs, headers={"idempotency_key": ...,
+      "idempotency_tenant": ...})`` — the headers every producer may set (docs/celery.md), so it
+      works with any Celery version of the integration; returns the ``AsyncResult``.
+
+    Must run inside a body the library protects (a protected request, task or message):
+    outside one there is no scope to derive from, and enqueuing without a key would lose
+    the exactly-once guarantee silently, so it raises ``ConfigurationError`` instead.
+    """
+    ctx = current_context()
+    if ctx is None or ctx.key is None or ctx.tenant is None:
+        raise ConfigurationError(
+            "enqueue_once needs an idempotent scope: call it inside a protected request, "
+            "task or message body (an unkeyed request has none)"
+        )
+    name = _task_name(task_or_actor)
+    key = derive_task_key(ctx, name, key_suffix, _next_position(ctx, name, key_suffix))
+    if callable(getattr(task_or_actor, "send_with_options", None)):
+        return task_or_actor.send_with_options(
+            args=args, kwargs=kwargs, idempotency_key=key, tenant=ctx.tenant
+        )
+    if callable(getattr(task_or_actor, "apply_async", None)):
+        headers = {KEY_OPTION: key, TENANT_OPTION: ctx.tenant}
+        return task_or_actor.apply_async(args, kwargs, headers=headers)
+    raise ConfigurationError(
+        f"{task_or_actor!r} is neither a Dramatiq actor nor a Celery task"
+    )
+
+
+__all__ = ["begin_enqueue_scope", "derive_task_key", "enqueue_once"]

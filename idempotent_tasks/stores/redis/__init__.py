@@ -1,0 +1,103 @@
+"""Redis store: records and retry counters in Redis, every state change one Lua script.
+
+* Guarantee: every primitive of the store contract (``stores/base.py``) is one atomic
+  ``EVALSHA`` of a script shipped in ``stores/redis/lua/``; ``create`` returns the existing
+  record in the same round trip on DUPLICATE (replacing an *expired* record takes a second,
+  equally atomic script that re-checks the expiry and also resets the counter).
+  Durability is Redis's own: with ``appendonly yes`` and ``appendfsync always`` a claim
+  survives a server crash; with snapshots or no persistence a restart forgets claims (and
+  duplicates may then run again).  A failover to a replica that had not received the last
+  writes forgets them too.
+* Atomic primitive: Lua scripts (``EVALSHA``, loaded again on ``NOSCRIPT``), each touching
+  only keys of one hash slot, so the same scripts run on a standalone server and on Redis
+  Cluster.  No check-then-act across round trips anywhere.
+* Fencing tokens: each shard has a counter key, ``INCR``\\ ed inside the claim, batch claim
+  and takeover scripts only when a record is actually created, replaced or taken over (a
+  duplicate writes nothing).  The token is the counter followed by the shard's number in
+  three decimal digits (``<counter><000-255>``): it grows per scope (a scope always lives in
+  its shard) and no two attempts of any scopes share one, at no extra round trip.  A record
+  written by an earlier version (random 62-bit tokens) is accounted for when replaced or
+  taken over: the shard's counter then moves past its token.  The counters never expire;
+  like the records, they are lost with the data when Redis loses it.
+* Keys: a scope is hashed (SHA-256 of :meth:`Scope.encoded`, length-prefixed and so
+  collision-free, first 32 hex digits = the *member*); the first two hex digits pick one of
+  256 *shards*, and the shard is the hash tag::
+
+      <prefix>:{<shard>}:<member>:r   record (hash: status, hash, response, token, times, scope)
+      <prefix>:{<shard>}:<member>:c   retry counter (hash: n, ua), lives apart from the record
+      <prefix>:{<shard>}:p            PROCESSING members scored by lease expiry
+      <prefix>:{<shard>}:f            SUCCESS/FAILED members scored by expires_at
+      <prefix>:{<shard>}:ci           counter members scored by their last change
+      <prefix>:{<shard>}:t            the shard's fencing-token counter (never expires)
+      <prefix>:{lock}:<name>          maintenance leases
+
+  Braces in a tenant or key never reach a key name (only the digest does), and the scope's
+  fields are stored in the record and compared on every read, so even a digest collision
+  could not serve another scope's record.  Why a shard rather than the scope's own digest
+  as hash tag: in Cluster a script may only touch keys of one slot, so with a tag per
+  scope the maintenance index could only be updated best effort, outside the script;
+  with 256 shard tags the index lives in the records' slot and stays exact, while the
+  keys still spread over 256 slots (and so over every master).
+* Index: because a shard's index keys carry the same hash tag as its records, the scripts
+  update the index *inside the same atomic step* in standalone and Cluster mode alike;
+  the index is never stale because of a race.  It can only hold entries whose keys Redis
+  garbage-collected (see TTL); maintenance drops those when it meets them.  Correctness
+  never depends on the index: ``find_stuck`` re-reads each candidate, the handler then acts
+  through the conditional scripts, and ``delete_expired`` re-checks each record inside the
+  per-shard purge script.  ``list_records`` and ``stats`` read every shard's index: they
+  are operator tools, not hot path.
+* TTL: expiry and leases are decided by the handler's clock from stored timestamps (the
+  ``now`` it passes in), never by Redis's clock.  Redis TTLs are only garbage collection,
+  set well beyond the logical expiry: a PROCESSING record gets ``lease remaining +
+  gc_ttl``, a finished record and its counter ``max(expires_at - now, 0) + gc_ttl``, a
+  released scope's counter ``gc_ttl`` from its last change.  **gc_ttl must exceed the
+  handler's ``ttl``** (the counter must live at least ``ttl`` after its last change) and
+  its ``lease_timeout``; the default is 7 days.
+* Configuration: a bad prefix, timeout or ``gc_ttl`` raises
+  :class:`~idempotent_tasks.ConfigurationError`; driver errors become
+  :class:`~idempotent_tasks.StoreUnavailableError`.
+* URL: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS, ``unix://`` for a
+  socket); ``redis+cluster://host:port`` for Redis Cluster (the cluster client is built on
+  first use).  Or pass a ``redis.Redis`` / ``redis.cluster.RedisCluster`` client (it is used
+  as is: disable its automatic retries, since a retried write may report a stale outcome).
+  Needs ``pip install 'idempotent-tasks[redis]'``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._client import (
+    CLUSTER_SCHEME,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_GC_TTL,
+    DEFAULT_PREFIX,
+    DEFAULT_SOCKET_TIMEOUT,
+    INSTALL_HINT,
+    build_client,
+    command,
+    driver_errors,
+    import_redis,
+)
+from ._records import DIGEST_DIGITS, SHARD_DIGITS
+from ._store import CLAIM_CHUNK, RedisStore
+
+if TYPE_CHECKING:
+    from ._client import Client as Client
+
+__all__ = [
+    "CLAIM_CHUNK",
+    "CLUSTER_SCHEME",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_GC_TTL",
+    "DEFAULT_PREFIX",
+    "DEFAULT_SOCKET_TIMEOUT",
+    "DIGEST_DIGITS",
+    "INSTALL_HINT",
+    "SHARD_DIGITS",
+    "RedisStore",
+    "build_client",
+    "command",
+    "driver_errors",
+    "import_redis",
+]

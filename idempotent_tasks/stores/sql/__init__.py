@@ -1,0 +1,76 @@
+"""SQL store: PostgreSQL (psycopg 3) and SQLite, one schema, one contract.
+
+* Guarantee: every primitive of :class:`~idempotent_tasks.stores.base.Store` is atomic in the
+  database, across threads, processes and hosts sharing it.  Records, retry counters and
+  maintenance leases are rows in three tables; the retry counter row survives the deletion
+  of its record.  Only this store supports ``execute_in_transaction``
+  (``docs/transactional.md``): the body's writes and the conditional ``mark_success`` commit
+  in one transaction (:meth:`SQLStore.body_transaction`).
+* Atomic primitive: the primary key ``(tenant, operation, key)`` with
+  ``INSERT … ON CONFLICT``.  On PostgreSQL ``create`` is one statement (and one round trip)
+  that inserts, replaces an expired record (resetting its counter) or returns the live
+  one; ``create_many`` claims a whole batch in one statement; ``take_over`` and
+  ``record_failure`` are single statements with data-modifying CTEs.  On SQLite a fresh
+  claim is one autocommit ``INSERT … ON CONFLICT DO NOTHING RETURNING``; everything that reads
+  before it writes runs under ``BEGIN IMMEDIATE`` (SQLite's single writer lock), so several
+  OS processes and threads can share one database file.  Every write on an existing record is
+  conditional on ``status = 'PROCESSING'`` and the fencing token.
+* Fencing tokens: drawn by the database inside the claim's (or takeover's) own statement, so
+  they cost no round trip, grow per scope and are never reused.  PostgreSQL: the sequence
+  ``<prefix>_fencing_seq`` (``BIGINT``, ``CACHE 1``: values grow in real-time order across
+  sessions; a value drawn by an insert that then conflicted is a gap).  SQLite: the one-row
+  table ``<prefix>_fencing`` (``last_token``), read by the claim's INSERT under the write
+  lock and raised by ``AFTER INSERT`` / ``AFTER UPDATE OF fencing_token`` triggers.
+  ``create_schema()`` creates them, on a database made by an earlier version too, starting
+  above the largest token stored there.
+* TTL: nothing expires by itself.  Timestamps are epoch seconds from the handler's clock,
+  stored as ``DOUBLE PRECISION``; the database server's clock is never used.  ``create``
+  treats a record with ``expires_at <= now`` as absent; ``delete_expired`` purges in batches
+  (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so many workers can run it at once).
+* Hot path: the claim/complete primitives run pre-built SQL on DBAPI connections kept in a
+  small LIFO free list (autocommit; psycopg prepares repeated statements server-side),
+  bypassing SQLAlchemy's execution layer; SQLAlchemy provides the engine and pool, the
+  schema and the body transaction.
+* Failures: a database without the store's tables or sequence raises
+  :class:`~idempotent_tasks.ConfigurationError` ("schema not created: run
+  ``idempotent-tasks migrate``"); every other driver or pool error becomes
+  :class:`~idempotent_tasks.StoreUnavailableError`.  A connection that failed is discarded;
+  when it was lost (e.g. PostgreSQL restarted) every idle connection is discarded too, so
+  the next call reconnects without manual steps.  On PostgreSQL every call has a deadline
+  (``socket_timeout``, default 30 s): a call on a link that went silent has its connection
+  broken by a watchdog thread and fails closed instead of hanging until TCP gives up.
+* Connection string: ``postgresql+psycopg://user:pass@host:5432/db`` (``postgresql://`` means
+  psycopg 3 too), ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using psycopg or
+  the stdlib sqlite3 driver.  The constructor never connects.
+
+The schema: :func:`build_metadata` (the three tables as SQLAlchemy Core) and
+:data:`POSTGRESQL_DDL` (what ``create_schema()`` emits on a fresh PostgreSQL database with the
+default prefix, sequence included), both built from code.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING
+
+from ._schema import DEFAULT_TABLE_PREFIX, build_metadata, postgresql_ddl
+from ._store import SQLStore
+
+if TYPE_CHECKING:
+    #: The DDL ``create_schema()`` emits on PostgreSQL with the default prefix (for the docs).
+    POSTGRESQL_DDL: str
+
+
+@cache
+def _default_ddl() -> str:
+    return postgresql_ddl(DEFAULT_TABLE_PREFIX)
+
+
+def __getattr__(name: str) -> str:
+    """``POSTGRESQL_DDL`` is compiled on first use (it needs SQLAlchemy's PostgreSQL
+    dialect, which SQLite users need not import)."""
+    if name == "POSTGRESQL_DDL":
+        return _default_ddl()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["DEFAULT_TABLE_PREFIX", "POSTGRESQL_DDL", "SQLStore", "build_metadata"]

@@ -1,0 +1,276 @@
+"""SQLStore's plumbing: construction, running a statement on a raw connection with its
+errors translated, and SQLAlchemy transactions (schema changes, §2b body transactions)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, TypeVar
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine, RootTransaction
+
+from ..._core.errors import ConfigurationError, IdempotencyError
+from ..._core.records import Scope
+from . import _statements as q
+from ._connections import (
+    _always,
+    _dialect_name,
+    _make_engine,
+    _pg_adopt,
+    _pg_restore,
+    _Raw,
+    _RawPool,
+    _sqlite_configure,
+    _sqlite_restore,
+    _Watchdog,
+)
+from ._errors import translate
+from ._postgres import PostgresOps
+from ._schema import DEFAULT_TABLE_PREFIX, build_metadata
+from ._sqlite import BEGIN, SQLiteOps, fencing_table
+
+DEFAULT_CONNECT_TIMEOUT: Final = 5.0
+DEFAULT_POOL_SIZE: Final = 10
+#: Seconds a PostgreSQL call may wait for its answer before its connection is broken.
+DEFAULT_SOCKET_TIMEOUT: Final = 30.0
+_PG_IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE
+_PREFIX_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+
+_T = TypeVar("_T")
+
+
+class SQLBodyTransaction:
+    """The §2b transaction: the body's writes and the conditional SUCCESS commit together."""
+
+    def __init__(
+        self,
+        store: SQLPlumbing,
+        connection: Connection,
+        transaction: RootTransaction,
+        driver_in_transaction: Callable[[], bool],
+    ) -> None:
+        self.connection = connection
+        self._store = store
+        self._transaction = transaction
+        self._driver_in_transaction = driver_in_transaction
+
+    def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool:
+        """Conditional on PROCESSING + our token; refuses to run outside our transaction, so
+        a success can never be committed apart from the body's writes."""
+        if not self.is_intact():
+            raise ConfigurationError(
+                "the body committed or rolled back the idempotency transaction itself",
+                tenant=scope.tenant,
+                operation=scope.operation,
+                key=scope.key,
+            )
+        params = q.scope_params(scope)
+        params.update(token=token, response=response, now=now, expires_at=expires_at)
+        with self._store._translated("mark_success"):
+            result = self.connection.exec_driver_sql(self._store._common.mark_success, params)
+            return int(result.rowcount) == 1
+
+    def is_intact(self) -> bool:
+        return (
+            self._transaction.is_active
+            and self.connection.in_transaction()
+            and self._driver_in_transaction()
+        )
+
+    def commit(self) -> None:
+        with self._store._translated("commit"):
+            self._transaction.commit()
+
+    def rollback(self) -> None:
+        if self._transaction.is_active:
+            with self._store._translated("rollback"):
+                self._transaction.rollback()
+
+
+class SQLPlumbing:
+    """Everything of SQLStore but its primitives (see the package docstring)."""
+
+    name: str
+
+    def __init__(
+        self,
+        url_or_engine: str | Engine,
+        *,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
+    ) -> None:
+        _check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
+        self._connect_timeout = float(connect_timeout)
+        self._owns_engine = not isinstance(url_or_engine, Engine)
+        engine = _make_engine(url_or_engine, self._connect_timeout, pool_size)
+        self._engine = engine
+        self.name = _dialect_name(engine)
+        self._metadata = build_metadata(table_prefix)
+        self._fencing_table = fencing_table(table_prefix)
+        self.table_prefix = table_prefix
+        quote = engine.dialect.identifier_preparer.quote
+        r, c, lk = (quote(f"{table_prefix}_{t}") for t in ("records", "retry_counters", "locks"))
+        self._records = r
+        dbapi = engine.dialect.loaded_dbapi
+        self._errors: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, dbapi.Error)
+        self._pg = self.name == "postgresql"
+        self._common = q.Common(r, c, lk, q.pyformat if self._pg else q.identity)
+        self._ops: PostgresOps | SQLiteOps = (
+            PostgresOps(r, c, quote(f"{table_prefix}_fencing_seq"))
+            if self._pg
+            else SQLiteOps(r, c, quote(f"{table_prefix}_fencing"), self._common)
+        )
+        adopt = _pg_adopt if self._pg else self._sqlite_adopt
+        restore = _pg_restore if self._pg else _sqlite_restore
+        self._raw = _RawPool(engine, pool_size, adopt, restore)
+        self._lost_types: tuple[type[BaseException], ...] = (
+            (dbapi.OperationalError, dbapi.InterfaceError) if self._pg else ()
+        )
+        self._watchdog = _Watchdog(socket_timeout) if self._pg and socket_timeout else None
+
+    def __repr__(self) -> str:
+        url = self._engine.url.render_as_string(hide_password=True)
+        return f"SQLStore({url!r}, table_prefix={self.table_prefix!r})"
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (also the one body transactions use)."""
+        return self._engine
+
+    # -- running statements -------------------------------------------------------------------
+    def _failure(self, what: str, exc: BaseException) -> IdempotencyError:
+        return translate(self.name, self.table_prefix, what, exc)
+
+    @contextlib.contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except self._errors as exc:
+            raise self._failure(what, exc) from exc
+
+    def _run(self, what: str, fn: Callable[[Any], _T]) -> _T:
+        """Run ``fn(cursor)`` on an idle autocommit connection; translate driver errors."""
+        raw_pool = self._raw
+        try:
+            raw = raw_pool.acquire()
+        except self._errors as exc:
+            raise self._failure(what, exc) from exc
+        watchdog = self._watchdog
+        armed = watchdog.arm(raw.dbapi) if watchdog is not None else None
+        try:
+            result = fn(raw.cursor)
+        except self._errors as exc:
+            raw_pool.discard(raw, lost=self._is_lost(exc, raw))
+            raise self._failure(what, exc) from exc
+        except BaseException:
+            raw_pool.discard(raw, lost=False)
+            raise
+        finally:
+            intact = armed is None or watchdog is None or watchdog.disarm(armed)
+        if intact:
+            raw_pool.release(raw)
+        else:  # answered just as the deadline broke the socket
+            raw_pool.discard(raw, lost=False)
+        return result
+
+    def _rowcount(self, what: str, sql: str, params: Mapping[str, Any]) -> int:
+        def run(cur: Any) -> int:
+            cur.execute(sql, params)
+            return int(cur.rowcount)
+
+        return self._run(what, run)
+
+    def _is_lost(self, exc: BaseException, raw: _Raw) -> bool:
+        if isinstance(exc, self._lost_types):
+            return True
+        try:
+            return bool(self._engine.dialect.is_disconnect(exc, raw.dbapi, raw.cursor))  # type: ignore[arg-type]
+        except Exception:
+            return True
+
+    def _sqlite_adopt(self, dbapi: Any, info: dict[Any, Any]) -> Any:
+        """Per-connection SQLite settings: WAL, ``synchronous=NORMAL``, a busy timeout."""
+        _sqlite_configure(dbapi, info, self._connect_timeout)
+        saved = dbapi.isolation_level
+        dbapi.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+        return saved
+
+    # -- SQLAlchemy transactions --------------------------------------------------------------
+    @contextlib.contextmanager
+    def _sa_transaction(
+        self, what: str, *, lock_schema: bool = False
+    ) -> Iterator[tuple[Connection, RootTransaction, Callable[[], bool]]]:
+        if self._raw._pid != os.getpid():
+            self._raw.after_fork()
+        with self._translated(what):
+            conn = self._engine.connect()
+        try:
+            with self._translated(what):
+                trans, in_txn = self._begin(conn, lock_schema)
+        except BaseException:
+            self._finish(conn, None)
+            raise
+        try:
+            yield conn, trans, in_txn
+        finally:
+            self._finish(conn, trans)
+
+    def _begin(
+        self, conn: Connection, lock_schema: bool
+    ) -> tuple[RootTransaction, Callable[[], bool]]:
+        dbapi: Any = conn.connection.driver_connection
+        if self._pg:
+            trans = conn.begin()
+            if lock_schema:  # serialise concurrent create_schema/drop_schema calls
+                conn.exec_driver_sql(
+                    "SELECT pg_advisory_xact_lock(hashtext(%(p)s))", {"p": self.table_prefix}
+                )
+                return trans, _always
+            # psycopg opens the server transaction lazily, at the first statement; open it
+            # now, so that a body that sends a raw COMMIT leaves the connection IDLE and is
+            # caught by ``is_intact`` (one extra round trip on the transactional path).
+            conn.exec_driver_sql("SELECT 1")
+            return trans, lambda: dbapi.info.transaction_status != _PG_IDLE
+        _sqlite_configure(dbapi, conn.connection.info, self._connect_timeout)
+        conn.info["idempotent_tasks_isolation"] = dbapi.isolation_level
+        dbapi.isolation_level = None
+        trans = conn.begin()
+        conn.exec_driver_sql(BEGIN)
+        return trans, lambda: bool(dbapi.in_transaction)
+
+    def _finish(self, conn: Connection, trans: RootTransaction | None) -> None:
+        """Roll back what was not committed, restore the driver, return the connection."""
+        try:
+            if trans is not None and trans.is_active:
+                trans.rollback()
+            if not self._pg and "idempotent_tasks_isolation" in conn.info:
+                _sqlite_restore(
+                    conn.connection.driver_connection, conn.info.pop("idempotent_tasks_isolation")
+                )
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _check_options(
+    table_prefix: str, connect_timeout: float, pool_size: int, socket_timeout: float | None
+) -> None:
+    if not isinstance(table_prefix, str) or not _PREFIX_RE.fullmatch(table_prefix):
+        raise ConfigurationError(
+            f"table_prefix {table_prefix!r} must be 1-40 characters of letters, digits and "
+            "underscores, not starting with a digit"
+        )
+    if connect_timeout <= 0 or pool_size < 1:
+        raise ConfigurationError("connect_timeout must be > 0 and pool_size >= 1")
+    if socket_timeout is not None and socket_timeout <= 0:
+        raise ConfigurationError("socket_timeout must be > 0 (or None)")

@@ -1,0 +1,157 @@
+"""SQLStore's schema: SQLAlchemy tables, the fencing sequence, the documented DDL, and the
+check that refuses a mismatched table."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from ..._core.errors import ConfigurationError
+
+DEFAULT_TABLE_PREFIX: Final = "idempotency"
+
+
+def _scope_text() -> sa.types.TypeEngine[str]:
+    # "C" collation on PostgreSQL: byte order (= code point order, like the memory store) and
+    # cheaper comparisons; equality is the same under every deterministic collation.
+    return sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+
+
+_SCOPE: Final = ("tenant", "operation", "key")
+
+
+def _scope_columns() -> list[sa.Column[str]]:
+    """(tenant, operation, key): the primary key of the records and of the counters."""
+    return [sa.Column(name, _scope_text(), primary_key=True) for name in _SCOPE]
+
+
+def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
+    """The three tables (records, retry counters, maintenance locks) as SQLAlchemy Core."""
+    md = sa.MetaData()
+    sa.Table(
+        f"{prefix}_records",
+        md,
+        *_scope_columns(),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("request_hash", sa.Text(), nullable=False),
+        sa.Column("response", sa.LargeBinary(), nullable=True),
+        sa.Column("fencing_token", sa.BigInteger(), nullable=False),
+        sa.Column("created_at", sa.Double(), nullable=False),
+        sa.Column("updated_at", sa.Double(), nullable=False),
+        sa.Column("lease_expires_at", sa.Double(), nullable=True),
+        sa.Column("expires_at", sa.Double(), nullable=True),
+        sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_records_pkey"),
+        sa.CheckConstraint(
+            "status IN ('PROCESSING', 'SUCCESS', 'FAILED')", name=f"{prefix}_records_status_ck"
+        ),
+        # Recovery's scan (find_stuck): PROCESSING records oldest first.  Partial, so only
+        # records in flight have entries (a completed record leaves it), and the
+        # ORDER BY … LIMIT stops after ``limit`` expired leases however many are stuck.
+        sa.Index(
+            f"{prefix}_records_processing_idx", "updated_at", "tenant", "operation", "key",
+            postgresql_where=sa.text("status = 'PROCESSING'"),
+            sqlite_where=sa.text("status = 'PROCESSING'"),
+        ),
+        sa.Index(f"{prefix}_records_expires_idx", "expires_at"),
+    )
+    sa.Table(
+        f"{prefix}_retry_counters",
+        md,
+        *_scope_columns(),
+        sa.Column("count", sa.Integer(), nullable=False),
+        sa.Column("updated_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_retry_counters_pkey"),
+        sa.Index(f"{prefix}_retry_counters_updated_idx", "updated_at"),
+    )
+    sa.Table(
+        f"{prefix}_locks",
+        md,
+        sa.Column("name", sa.Text(), primary_key=True),
+        sa.Column("owner", sa.Text(), nullable=False),
+        sa.Column("expires_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=f"{prefix}_locks_pkey"),
+    )
+    return md
+
+
+def fencing_sequence(prefix: str = DEFAULT_TABLE_PREFIX, *, start: int = 1) -> sa.Sequence:
+    """PostgreSQL's source of fencing tokens.  ``CACHE 1`` (no per-session blocks of
+    values), so tokens grow in the real-time order in which attempts draw them."""
+    return sa.Sequence(f"{prefix}_fencing_seq", start=start, cache=1, data_type=sa.BigInteger())
+
+
+def postgresql_ddl(prefix: str = DEFAULT_TABLE_PREFIX) -> str:
+    """The DDL ``create_schema()`` emits on a fresh PostgreSQL database, as one script."""
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
+
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    metadata = build_metadata(prefix)
+    blocks = []
+    for name in ("records", "retry_counters", "locks"):
+        table = metadata.tables[f"{prefix}_{name}"]
+        statements = [CreateTable(table)] + [
+            CreateIndex(i) for i in sorted(table.indexes, key=lambda i: str(i.name))
+        ]
+        blocks.append(";\n".join(_tidy(str(s.compile(dialect=dialect))) for s in statements))
+    blocks.append(_tidy(str(CreateSequence(fencing_sequence(prefix)).compile(dialect=dialect))))
+    return ";\n\n".join(blocks) + ";"
+
+
+def _tidy(ddl: str) -> str:
+    lines = (line.rstrip().replace("\t", "    ") for line in ddl.strip().splitlines())
+    return "\n".join(lines)
+
+
+def create_missing_indexes(conn: sa.Connection, metadata: sa.MetaData) -> None:
+    """Indexes of ``metadata`` that an existing table lacks (a schema made by an earlier
+    version): ``create_all`` only indexes the tables it creates itself."""
+    inspector = sa.inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name not in present:
+                index.create(conn)
+
+
+def refuse_mismatch(table: sa.Table, inspector: sa.Inspector) -> None:
+    problems = _column_mismatches(table, inspector)
+    if problems:
+        raise ConfigurationError(
+            f"table {table.name!r} exists but does not match the idempotent_tasks schema: "
+            f"{'; '.join(problems)}. Use another table_prefix, or migrate or drop that table."
+        )
+
+
+def _type_family(type_: Any) -> str:
+    """Coarse type class for comparing a reflected column with the expected one."""
+    if isinstance(type_, sa.LargeBinary):
+        return "binary"
+    if isinstance(type_, sa.Integer):
+        return "integer"
+    if isinstance(type_, sa.Float | sa.Numeric):
+        return "float"
+    if isinstance(type_, sa.String):
+        return "text"
+    return type(type_).__name__.lower()
+
+
+def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
+    """Human-readable differences between ``table`` and the same-named table in the database."""
+    found = {c["name"]: _type_family(c["type"]) for c in inspector.get_columns(table.name)}
+    wanted = {c.name: _type_family(c.type) for c in table.columns}
+    problems = [f"missing column {n!r}" for n in wanted if n not in found]
+    problems += [f"unexpected column {n!r}" for n in found if n not in wanted]
+    problems += [
+        f"column {n!r} is {found[n]}, expected {family}"
+        for n, family in wanted.items()
+        if n in found and found[n] != family
+    ]
+    pk = inspector.get_pk_constraint(table.name).get("constrained_columns") or []
+    expected_pk = [c.name for c in table.primary_key.columns]
+    if not problems and sorted(pk) != sorted(expected_pk):
+        problems.append(f"primary key is {pk}, expected {expected_pk}")
+    return problems
+
+

@@ -1,0 +1,184 @@
+"""SQLStore's SQL text shared by both dialects, and the helpers that turn rows into records.
+
+Every statement is pre-built once per store with bound parameters only; identifiers (the
+table and sequence names) are quoted by SQLAlchemy's dialect and validated at construction.
+Where the dialects differ only in how a new fencing token is drawn, the statement is built
+from a *token expression* (``nextval(…)`` on PostgreSQL, the fencing row + 1 on SQLite).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+
+STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
+
+SCOPE: Final = "tenant = :tenant AND operation = :operation AND key = :key"
+OWNED: Final = SCOPE + " AND status = 'PROCESSING' AND fencing_token = :token"
+LEASE_EXPIRED: Final = " AND (lease_expires_at IS NULL OR lease_expires_at <= :now)"
+RECORD_COLS: Final = (
+    "status, request_hash, response, fencing_token, created_at, updated_at, "
+    "lease_expires_at, expires_at"
+)
+INSERT_COLS: Final = (
+    "(tenant, operation, key, status, request_hash, response, fencing_token, created_at, "
+    "updated_at, lease_expires_at, expires_at)"
+)
+_PARAM_RE: Final = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def new_values(token: str) -> str:
+    """The VALUES row of a fresh claim, its fencing token drawn by the ``token`` expression."""
+    return (
+        f"(:tenant, :operation, :key, 'PROCESSING', :request_hash, NULL, {token}, :now, :now, "
+        ":lease, NULL)"
+    )
+
+
+def replace_set(token: str) -> str:
+    """The SET list that turns an expired record into a fresh claim."""
+    return (
+        "status = 'PROCESSING', request_hash = excluded.request_hash, response = NULL, "
+        f"fencing_token = {token}, created_at = excluded.created_at, "
+        "updated_at = excluded.updated_at, lease_expires_at = excluded.lease_expires_at, "
+        "expires_at = NULL"
+    )
+
+
+def pyformat(sql: str) -> str:
+    """``:name`` placeholders → psycopg's ``%(name)s`` (casts like ``::bigint`` are kept)."""
+    return _PARAM_RE.sub(r"%(\1)s", sql)
+
+
+def identity(sql: str) -> str:
+    return sql
+
+
+class Common:
+    """Statements both dialects run verbatim (single conditional statements)."""
+
+    def __init__(self, records: str, counters: str, locks: str, convert: Callable[[str], str]):
+        r, c = records, counters
+        self.convert = convert
+        self.get = convert(f"SELECT {RECORD_COLS} FROM {r} WHERE {SCOPE}")
+        self.heartbeat = convert(
+            f"UPDATE {r} SET lease_expires_at = :lease, updated_at = :now WHERE {OWNED}"
+        )
+        self.mark_success = convert(
+            f"UPDATE {r} SET status = 'SUCCESS', response = :response, updated_at = :now, "
+            f"lease_expires_at = NULL, expires_at = :expires_at WHERE {OWNED}"
+        )
+        poison = (
+            f"UPDATE {r} SET status = 'FAILED', updated_at = :now, lease_expires_at = NULL, "
+            f"expires_at = :expires_at WHERE {OWNED}"
+        )
+        self.mark_failed = convert(poison)
+        self.mark_failed_expired = convert(poison + LEASE_EXPIRED)
+        self.release = convert(f"DELETE FROM {r} WHERE {OWNED}")
+        self.bump = convert(
+            f"INSERT INTO {c} AS c (tenant, operation, key, count, updated_at) "
+            "VALUES (:tenant, :operation, :key, 1, :now) "
+            "ON CONFLICT (tenant, operation, key) DO UPDATE "
+            "SET count = c.count + 1, updated_at = excluded.updated_at RETURNING count"
+        )
+        self.get_count = convert(f"SELECT count FROM {c} WHERE {SCOPE}")
+        self.reset_count = convert(f"DELETE FROM {c} WHERE {SCOPE}")
+        delete = f"DELETE FROM {r} WHERE {SCOPE}"
+        self.delete_record = convert(f"{delete} RETURNING {RECORD_COLS}")
+        self.delete_record_status = convert(
+            f"{delete} AND status = :status RETURNING {RECORD_COLS}"
+        )
+        self._operator_statements(r, locks)
+
+    def _operator_statements(self, r: str, lk: str) -> None:
+        convert = self.convert
+        stuck = (
+            f"SELECT tenant, operation, key, {RECORD_COLS} FROM {r} "
+            "WHERE status = 'PROCESSING' AND lease_expires_at <= :now"
+        )
+        order = " ORDER BY updated_at, tenant, operation, key LIMIT :limit"
+        self.find_stuck = convert(stuck + order)
+        self.find_stuck_hb = convert(stuck + " AND updated_at < :heartbeat_before" + order)
+        self.list_head = f"SELECT tenant, operation, key, {RECORD_COLS} FROM {r}"
+        self.list_tail = " ORDER BY created_at, tenant, operation, key LIMIT :limit OFFSET :offset"
+        self.stats = f"SELECT operation, status, count(*) FROM {r} GROUP BY operation, status"
+        self.acquire_lock = convert(
+            f"INSERT INTO {lk} AS l (name, owner, expires_at) VALUES (:name, :owner, :expires_at) "
+            "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+            "expires_at = excluded.expires_at "
+            "WHERE l.owner = excluded.owner OR l.expires_at <= :now RETURNING 1"
+        )
+        self.release_lock = convert(f"DELETE FROM {lk} WHERE name = :name AND owner = :owner")
+
+
+# -- rows and parameters ----------------------------------------------------------------------
+def scope_params(scope: Scope) -> dict[str, Any]:
+    return {"tenant": scope.tenant, "operation": scope.operation, "key": scope.key}
+
+
+def scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
+    """The scopes as three parallel arrays, for the set-based statements' ``unnest``."""
+    return {
+        "tenants": [s.tenant for s in scopes],
+        "operations": [s.operation for s in scopes],
+        "keys": [s.key for s in scopes],
+    }
+
+
+def claim_params(scope: Scope, request_hash: str, now: float, lease: float) -> dict[str, Any]:
+    p = scope_params(scope)
+    p.update(request_hash=request_hash, now=now, lease=lease)
+    return p
+
+
+def record(scope: Scope, row: Sequence[Any]) -> StoredRecord:
+    """A StoredRecord from the eight ``RECORD_COLS`` values."""
+    response = row[2]
+    return StoredRecord(
+        scope=scope,
+        status=STATUS[row[0]],
+        request_hash=row[1],
+        response=None if response is None else bytes(response),
+        fencing_token=int(row[3]),
+        created_at=float(row[4]),
+        updated_at=float(row[5]),
+        lease_expires_at=None if row[6] is None else float(row[6]),
+        expires_at=None if row[7] is None else float(row[7]),
+    )
+
+
+def scoped_record(row: Sequence[Any]) -> StoredRecord:
+    return record(Scope(row[0], row[1], row[2]), row[3:])
+
+
+def one(cursor: Any, sql: str, params: Mapping[str, Any]) -> Any:
+    """First row or None; always drains the result (SQLite ends the statement only then)."""
+    cursor.execute(sql, params)
+    rows = cursor.fetchall()
+    return rows[0] if rows else None
+
+
+def created(scope: Scope, p: Mapping[str, Any], token: Any) -> CreateResult:
+    """CREATED, built from our own arguments and the token the database drew."""
+    claimed = StoredRecord.claimed(scope, p["request_hash"], int(token), p["now"], p["lease"])
+    return CreateResult(CreateOutcome.CREATED, claimed)
+
+
+def live_duplicate(scope: Scope, row: Sequence[Any], now: float) -> CreateResult | None:
+    """The DUPLICATE a PostgreSQL claim read, or None when the read cannot be trusted.
+
+    The conflict check sees the latest row version, the read beside it only the statement's
+    snapshot.  When a concurrent transaction inserted the row, or replaced an expired one,
+    after that snapshot, the read finds no row or the old expired version; the statement
+    must then run again (a live record never looks expired at ``now``: it would have been
+    replaced).
+    """
+    if row[0] is None:
+        return None
+    found = record(scope, row)
+    if found.expires_at is not None and found.expires_at <= now:
+        return None
+    return CreateResult(CreateOutcome.DUPLICATE, found)
