@@ -130,10 +130,18 @@ def run(ns: tuple[int, int], baseline: str | None = None) -> dict[str, Any]:
     """``{"n": [..], "warmup": W, "ours": {measure: {...}}, "baseline": {...}, "ratio": ..}``."""
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed (apt-get install valgrind)")
-    out: dict[str, Any] = {"n": list(ns), "warmup": WARMUP, "ours": measure(ROOT, ns)}
+    out: dict[str, Any] = {
+        "method": "valgrind --tool=callgrind, instructions (Ir) of runs of n[1] and n[0] "
+                  "deliveries after the same warm-up, difference / (n[1] - n[0])",
+        "n": list(ns), "warmup": WARMUP, "ours": measure(ROOT, ns),
+    }
     if baseline is not None:
         with worktree(baseline) as tree:
             out["baseline_ref"] = baseline
+            out["baseline_commit"] = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
+                text=True, check=True,
+            ).stdout.strip()
             out["baseline"] = measure(tree, ns)
         out["ratio"] = {
             name: round(row["instructions"] / out["baseline"][name]["instructions"], 3)

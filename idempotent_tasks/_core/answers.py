@@ -12,17 +12,22 @@ from .records import IdempotencyContext
 
 def replayed(call: Call, value: Any, token: int | None) -> Outcome:
     s = call.scope
+    # positional, in Outcome's field order: built on every replay
     return Outcome(
-        "replayed", result=value, tenant=s.tenant, operation=s.operation, key=s.key,
-        fencing_token=token, request_hash=call.request_hash,
+        "replayed", value, None, None, None, None, s[0], s[1], s[2], 0, token,
+        call.request_hash,
     )
 
 
-def refused(call: Call, err: IdempotencyError, *, retry_count: int = 0) -> Outcome:
-    """A refusal before any body ran (nothing was executed by this call)."""
+def refused(
+    call: Call, err: IdempotencyError, *, retry_count: int = 0, result: Any = None
+) -> Outcome:
+    """A refusal before any body ran (nothing was executed by this call); ``result`` is
+    the value a poisoned scope keeps with its FAILED record, if any."""
     s = call.scope
     return Outcome(
-        refusal_kind(err.code, ran=False), error_code=err.code, detail=err.message,
+        refusal_kind(err.code, ran=False), result=result, error_code=err.code,
+        detail=err.message,
         tenant=s.tenant, operation=s.operation, key=s.key, retry_count=retry_count,
         request_hash=call.request_hash, refusal=err,
     )
@@ -51,12 +56,10 @@ def finished(
         error_code = ErrorCode.REQUEST_FAILED
     error = type(exc).__name__ if exc is not None else None
     detail = err.message if err is not None else (f"{error}: {exc}"[:500] if exc else None)
+    # positional, in Outcome's field order: built for every body that ran
     return Outcome(
-        kind, result=result, error_code=error_code, error=error, detail=detail, exception=exc,
-        tenant=s.tenant, operation=s.operation, key=s.key,
-        retry_count=claim.retry_count,
-        fencing_token=claim.token, request_hash=call.request_hash, ran=True, refusal=err,
-        body_context=ctx,
+        kind, result, error_code, error, detail, exc, s[0], s[1], s[2], claim.retry_count,
+        claim.token, call.request_hash, True, err, ctx,
     )
 
 

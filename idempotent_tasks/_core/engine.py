@@ -18,7 +18,7 @@ from .instrumented import InstrumentedStore
 from .logging import Logger, default_logger
 from .metrics import Metrics, NoMetrics, default_metrics
 from .records import Record, Scope, StoredRecord
-from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, request_hash
+from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
 from .validation import validate_key, validate_operation, validate_tenant
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 DEFAULT_MAX_RESPONSE_BYTES = 1 << 20
 DEFAULT_OUTCOME_RETRY_TIMEOUT = 30.0
 _MAX_ACCEPTED = 4096  # distinct tenants/operations remembered as valid
+_new_scope = tuple.__new__  # Scope(...) without the named tuple's Python-level __new__
 
 
 class Call:
@@ -100,6 +101,8 @@ class Engine:
         )
         self.clock = clock
         self.serializer: Serializer = serializer or DEFAULT_SERIALIZER
+        self._dumps = self.serializer.dumps
+        self._loads = self.serializer.loads
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
         self.outcome_retry_timeout = seconds(outcome_retry_timeout)
@@ -144,16 +147,24 @@ class Engine:
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
     ) -> Call | None:
-        """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``)."""
-        op = self._validated(operation, validate_operation)
+        """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``).
+        Runs on every delivery: the memo look-ups and the options are inlined."""
+        accepted = self._accepted
+        op = accepted.get(operation) if type(operation) is str else None
+        if op is None:
+            op = self._validated(operation, validate_operation)
         if (key is None or key == "") and not require_key:
             return None
         k = validate_key(key)
-        t = self._validated(tenant, validate_tenant)
-        scope = Scope(t, op, k)
-        options = self._operations.get(op, self.defaults).merged(
-            ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
-        )
+        t = accepted.get(tenant) if type(tenant) is str else None
+        if t is None:
+            t = self._validated(tenant, validate_tenant)
+        scope = _new_scope(Scope, (t, op, k))
+        options = self._operations.get(op, self.defaults)
+        if not (ttl is None and lease_timeout is None and max_retries is None and on_stuck is None):
+            options = options.merged(
+                ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
+            )
         return Call(scope, self.hash_payload(scope, payload), options)
 
     def _validated(self, value: object, validate: Callable[[object], str]) -> str:
@@ -176,7 +187,7 @@ class Engine:
 
     def hash_payload(self, scope: Scope, payload: Any) -> str:
         try:
-            encoded = self.serializer.dumps(payload)
+            encoded = self._dumps(payload)
         except (SerializationError, TypeError, ValueError) as exc:
             raise InvalidInputError(
                 f"payload is not serialisable: {exc}", code=ErrorCode.INVALID_PAYLOAD,
@@ -188,13 +199,14 @@ class Engine:
                 code=ErrorCode.INVALID_PAYLOAD,
                 tenant=scope.tenant, operation=scope.operation, key=scope.key,
             )
-        return request_hash(encoded)
+        digest: str = _sha256(encoded).hexdigest()  # request_hash(), without the call
+        return digest
 
     # ------------------------------------------------------------------ encoding
     def encode_response(self, call: Call, result: Any) -> bytes:
         """The stored form of a result; RESPONSE_NOT_SERIALIZABLE when it has none."""
         try:
-            encoded = self.serializer.dumps(result)
+            encoded = self._dumps(result)
             if len(encoded) > self.max_response_bytes:
                 raise SerializationError(f"result is larger than {self.max_response_bytes} bytes")
         except (SerializationError, TypeError, ValueError) as exc:
@@ -210,6 +222,15 @@ class Engine:
             return self.serializer.loads(response)
         except SerializationError as exc:
             raise call.error(ErrorCode.INTERNAL_ERROR, "stored response cannot be decoded") from exc
+
+    def decode_kept(self, call: Call, response: bytes | None) -> Any:
+        """The value a FAILED record keeps (see :class:`~.signals.Poison`), or ``None``
+        when it keeps none or it cannot be decoded (the refusal stands without it)."""
+        try:
+            return self.decode(call, response)
+        except IdempotencyError:
+            self.log.warning("poison_value_not_decoded", **call.fields())
+            return None
 
     def to_record(self, stored: StoredRecord, retry_count: int) -> Record:
         response = None

@@ -35,32 +35,74 @@ from .errors import ErrorCode, IdempotencyError
 from .heartbeat import Lease
 from .outcome import Outcome, OutcomeKind
 from .recording import body_failed, complete, is_permanent, write_outcome
-from .records import IdempotencyContext, LazyCountContext, Status, StoredRecord
+from .records import CreateOutcome, IdempotencyContext, LazyCountContext, Status, StoredRecord
+from .serialization import SerializationError
 
 Flow = Generator[Command, Any, Outcome]
 
 _MAX_CLAIM_ROUNDS = 8
+CREATED = CreateOutcome.CREATED
 
 
 # ---------------------------------------------------------------------- one delivery
-def execute(engine: Engine, call: Call, fn: Callable[[], Any], permanent: Permanent) -> Flow:
-    """The whole algorithm for a plain (non-transactional) body ``fn()``."""
-    claim = yield from claim_scope(engine, call)
-    if not isinstance(claim, Claim):
-        return claim
-    return (yield from run_owned(engine, call, claim, fn, permanent))
+def execute(
+    engine: Engine,
+    call: Call,
+    fn: Callable[[], Any],
+    permanent: Permanent,
+    claim: Claim | None = None,
+) -> Flow:
+    """The whole algorithm for a plain (non-transactional) body ``fn()`` — or, given the
+    ``claim`` of a scope we own already, steps 4 and 5 only.
+
+    One generator on purpose: every delivery runs it, and each nested generator costs a
+    frame resumption per command.  What is rare (duplicates, failures, outcome-write
+    retries, the cache) is delegated to the functions below and in :mod:`.recording`."""
+    if claim is None:
+        if engine.cache is None:
+            try:
+                result = yield create_command(engine, call)
+            except IdempotencyError as err:
+                return refused(call, err)
+            if result.outcome is CREATED:
+                claim = Claim(result.record.fencing_token, 0, counted=False)
+            else:
+                decided = decide(engine, call, result.record)
+                if type(decided) is Outcome:  # a replay or a refusal: no more I/O
+                    return decided
+                claimed = yield from claim_existing(engine, call, result.record, decided)
+                if not isinstance(claimed, Claim):
+                    return claimed
+                claim = claimed
+        else:
+            claimed = yield from claim_scope(engine, call)
+            if not isinstance(claimed, Claim):
+                return claimed
+            claim = claimed
+    ctx = body_context(engine, call, claim)
+    lease = None if engine.heartbeat is None else lease_of(engine, call, claim)
+    try:
+        value = yield RunBody(fn, (), ctx, lease)
+    except BaseException as exc:
+        return (yield from body_failed(engine, call, claim, ctx, exc, permanent))
+    return (yield from complete(engine, call, claim, ctx, value))
 
 
 def run_owned(
     engine: Engine, call: Call, claim: Claim, fn: Callable[[], Any], permanent: Permanent
 ) -> Flow:
     """Run the body of a scope we own and record its outcome (steps 4 and 5)."""
-    ctx = body_context(engine, call, claim)
-    try:
-        value = yield RunBody(fn, (), ctx, lease_of(engine, call, claim))
-    except BaseException as exc:
-        return (yield from body_failed(engine, call, claim, ctx, exc, permanent))
-    return (yield from complete(engine, call, claim, ctx, value))
+    return (yield from execute(engine, call, fn, permanent, claim))
+
+
+def create_command(engine: Engine, call: Call) -> StoreCall:
+    """The claim (step 2): one atomic ``create``."""
+    now = engine.clock()
+    return StoreCall(
+        "create", (call.scope,),
+        {"request_hash": call.request_hash, "now": now,
+         "lease_expires_at": now + call.options.lease_timeout},
+    )
 
 
 def claim_scope(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome]:
@@ -69,23 +111,37 @@ def claim_scope(engine: Engine, call: Call) -> Generator[Command, Any, Claim | O
         replay = yield from cached(engine, call)
         if replay is not None:
             return replay
+    try:
+        result = yield create_command(engine, call)
+    except IdempotencyError as err:
+        return refused(call, err)
+    if result.created:
+        return Claim(result.record.fencing_token, 0, counted=False)
+    return (yield from claim_existing(engine, call, result.record))
+
+
+def claim_existing(
+    engine: Engine,
+    call: Call,
+    record: StoredRecord | None,
+    decided: Claim | Outcome | _Expired | None = None,
+) -> Generator[Command, Any, Claim | Outcome]:
+    """The scope has a record (the claim answered DUPLICATE): decide (unless the caller
+    did: ``decided``), and claim again while it keeps changing under us (bounded)."""
     for _ in range(_MAX_CLAIM_ROUNDS):
-        now = engine.clock()
+        if decided is None:
+            decided = decide(engine, call, record)
+        if isinstance(decided, _Expired) or engine.cache is not None:
+            decided = yield from settle(engine, call, record, decided)
+        if decided is not None:
+            return decided
         try:
-            result = yield StoreCall(
-                "create", (call.scope,),
-                {"request_hash": call.request_hash, "now": now,
-                 "lease_expires_at": now + call.options.lease_timeout},
-            )
+            result = yield create_command(engine, call)
         except IdempotencyError as err:
             return refused(call, err)
         if result.created:
             return Claim(result.record.fencing_token, 0, counted=False)
-        decided = decide(engine, call, result.record)
-        if isinstance(decided, _Expired) or engine.cache is not None:
-            decided = yield from settle(engine, call, result.record, decided)
-        if decided is not None:
-            return decided
+        record, decided = result.record, None
     return refused(call, call.error(
         ErrorCode.REQUEST_IN_PROGRESS, "the scope changed hands repeatedly"
     ))
@@ -106,25 +162,28 @@ def decide(
     owner crashed (``settle`` takes it over or poisons it)."""
     if record is None:
         return None
-    engine.metrics.duplicate(call.scope.operation, record.status.value)
+    status = record.status  # a str enum: its value, with no enum property look-up
+    engine.metrics.duplicate(call.scope.operation, status)
     if record.request_hash != call.request_hash:
-        engine.log.warning("key_reused", status=record.status.value, **call.fields())
+        engine.log.warning("key_reused", status=str(status), **call.fields())
         return refused(call, call.error(
             ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST,
             "this idempotency key was used with a different payload",
         ))
-    if record.status is Status.SUCCESS:
+    if status is Status.SUCCESS:
         try:
-            value = engine.decode(call, record.response)
-        except IdempotencyError as err:
-            return refused(call, err)
+            value = None if record.response is None else engine._loads(record.response)
+        except SerializationError:
+            return refused(call, call.error(
+                ErrorCode.INTERNAL_ERROR, "stored response cannot be decoded"
+            ))
         engine.debug("duplicate_replayed", call, status="SUCCESS")
         return replayed(call, value, record.fencing_token)
     if record.status is Status.FAILED:
         engine.log.warning("duplicate_poisoned", status="FAILED", **call.fields())
         return refused(call, call.error(
             ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)"
-        ))
+        ), result=engine.decode_kept(call, record.response))
     if record.lease_expires_at is not None and record.lease_expires_at > engine.clock():
         engine.log.info("duplicate_in_progress", status="PROCESSING", **call.fields())
         return refused(call, call.error(
@@ -249,7 +308,9 @@ def lease_of(engine: Engine, call: Call, claim: Claim) -> Lease | None:
 __all__ = [
     "Flow",
     "body_context",
+    "claim_existing",
     "claim_scope",
+    "create_command",
     "decide",
     "decide_io",
     "execute",

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from .logging import Logger
-from .metrics import Metrics
+from .metrics import Metrics, NoMetrics
 from .records import Scope
 
 
@@ -29,7 +29,10 @@ class InstrumentedStore:
         self.name: str = getattr(store, "name", type(store).__name__)
         self._metrics = metrics
         self._log = log
-        self._latency = metrics.store_latency
+        #: ``None`` when nobody records latency (``metrics=None``): calls are then not timed.
+        self._latency: Callable[[str, str, float], None] | None = (
+            None if isinstance(metrics, NoMetrics) else metrics.store_latency
+        )
         self._methods: dict[str, Callable[..., Any]] = {}
         #: True for a store whose methods are coroutines (no thread hop on the async path).
         self.native_async: bool = bool(getattr(store, "is_async", False))
@@ -42,13 +45,19 @@ class InstrumentedStore:
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         fn = self._methods.get(name) or self.method(name)
+        latency = self._latency
+        if latency is None:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                raise self.translate(name, args, exc) from _cause(exc)
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             raise self.translate(name, args, exc) from _cause(exc)
         finally:
-            self._latency(self.name, name, time.perf_counter() - started)
+            latency(self.name, name, time.perf_counter() - started)
 
     async def call_async(
         self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -63,7 +72,8 @@ class InstrumentedStore:
         except Exception as exc:
             raise self.translate(name, args, exc) from _cause(exc)
         finally:
-            self._latency(self.name, name, time.perf_counter() - started)
+            if self._latency is not None:
+                self._latency(self.name, name, time.perf_counter() - started)
 
     def translate(self, name: str, args: tuple[Any, ...], exc: Exception) -> IdempotencyError:
         """Log and count a failed call; the error the algorithm sees."""

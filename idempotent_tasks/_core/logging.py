@@ -8,6 +8,7 @@ structlog-style ``debug/info/warning/error(event, **fields)`` methods can replac
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
@@ -51,6 +52,9 @@ class _GatedLogger:
 
     def __init__(self, std: logging.Logger) -> None:
         self._std = std
+        #: Whether ``debug`` would log (the stdlib's cached check): callers on the hot path
+        #: skip building its fields when it would not.
+        self.debug_enabled: Callable[[], bool] = functools.partial(std.isEnabledFor, logging.DEBUG)
         self._bound: Any = structlog.wrap_logger(
             std,
             processors=[structlog.stdlib.filter_by_level, _to_stdlib],
@@ -59,9 +63,6 @@ class _GatedLogger:
             cache_logger_on_first_use=True,
         )
 
-    def debug_enabled(self) -> bool:
-        """Whether ``debug`` would log: callers on the hot path skip building its fields."""
-        return self._std.isEnabledFor(logging.DEBUG)
 
     def debug(self, event: str, **fields: Any) -> None:
         if self._std.isEnabledFor(logging.DEBUG):

@@ -19,6 +19,7 @@ from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError, StoreUnavailableError
 from .outcome import Outcome, OutcomeKind
 from .records import IdempotencyContext
+from .signals import Poison, Release
 
 Flow = Generator[Command, Any, Outcome]
 Step = Generator[Command, Any, Any]
@@ -46,7 +47,19 @@ def complete(
             return not_recorded(call, claim, ctx, err)
     except IdempotencyError as err:
         return not_recorded(call, claim, ctx, err)
+    if stored and engine.cache is None:  # the common case: nothing more to write
+        return recorded(engine, call, claim, ctx, encoded)
     return (yield from succeeded(engine, call, claim, ctx, encoded, stored, now))
+
+
+def recorded(
+    engine: Engine, call: Call, claim: Claim, ctx: IdempotencyContext, encoded: bytes
+) -> Outcome:
+    """A SUCCESS that is written: the replayable value (the serializer's round trip, as a
+    replay will return it), metrics and log."""
+    engine.metrics.execution(call.scope.operation, "success")
+    engine.debug("executed", call, status="SUCCESS")
+    return finished(call, claim, ctx, "executed", result=engine._loads(encoded))
 
 
 def succeeded(
@@ -58,18 +71,17 @@ def succeeded(
     stored: bool,
     now: float,
 ) -> Flow:
-    """After the SUCCESS write: the replayable value, metrics, log and cache."""
-    value = engine.serializer.loads(encoded)
+    """After the SUCCESS write (``stored`` False: it was refused): the replayable value,
+    metrics, log and cache."""
     if not stored:
         adopted = yield from _adopt_success(engine, call, encoded)
         if not adopted:
             engine.lease_lost(call)
-            return finished(call, claim, ctx, "executed", result=value)
-    engine.metrics.execution(call.scope.operation, "success")
-    engine.debug("executed", call, status="SUCCESS")
+            return finished(call, claim, ctx, "executed", result=engine._loads(encoded))
+    outcome = recorded(engine, call, claim, ctx, encoded)
     if engine.cache is not None:
         yield from cache_put(engine, call, encoded, now + call.options.ttl)
-    return finished(call, claim, ctx, "executed", result=value)
+    return outcome
 
 
 def _adopt_success(engine: Engine, call: Call, encoded: bytes) -> Generator[Command, Any, bool]:
@@ -117,16 +129,19 @@ def body_failed(
     exc: BaseException,
     permanent: Permanent,
 ) -> Flow:
-    """The body raised: a permanent error poisons; a transient one is counted and releases
-    the scope, or poisons at ``max_retries``.  A ``BaseException`` that is not an
-    ``Exception`` is recorded the same way, then propagates."""
+    """The body raised: a permanent error poisons (keeping a :class:`Poison`'s value with
+    the record); :class:`Release` releases without counting; any other (transient) error
+    is counted and releases the scope, or poisons at ``max_retries``.  A ``BaseException``
+    that is not an ``Exception`` is recorded the same way, then propagates."""
+    kept = kept_value(engine, call, exc)
     try:
-        kind, count = yield from record_failure(engine, call, claim.token, exc, permanent)
+        kind, count = yield from record_failure(engine, call, claim.token, exc, permanent, kept)
     except IdempotencyError as err:  # OUTCOME_NOT_RECORDED
         outcome = not_recorded(call, claim, ctx, err, exc)
     else:
         outcome = finished(
             call, claim, ctx, kind, exc=exc,
+            result=engine.serializer.loads(kept) if kept is not None else None,
             retry_count=claim.retry_count if count is None else count,
         )
     if not isinstance(exc, Exception):
@@ -134,15 +149,38 @@ def body_failed(
     return outcome
 
 
+def kept_value(engine: Engine, call: Call, exc: BaseException) -> bytes | None:
+    """The encoded value a :class:`Poison` keeps with its FAILED record; ``None`` for any
+    other exception, or when the value cannot be stored (the scope is poisoned without)."""
+    if not isinstance(exc, Poison) or exc.value is None:
+        return None
+    try:
+        return engine.encode_response(call, exc.value)
+    except IdempotencyError as err:
+        engine.log.warning("poison_value_not_stored", detail=err.message, **call.fields())
+        return None
+
+
 def record_failure(
-    engine: Engine, call: Call, token: int, exc: BaseException, permanent: Permanent
+    engine: Engine,
+    call: Call,
+    token: int,
+    exc: BaseException,
+    permanent: Permanent,
+    kept: bytes | None = None,
 ) -> Generator[Command, Any, tuple[OutcomeKind, int | None]]:
     """Write what a failed body means; returns the kind and the counter (``None``: not read).
     Raises OUTCOME_NOT_RECORDED when the store stays away."""
     error = type(exc).__name__
+    if isinstance(exc, Release):
+        yield from release_uncounted(engine, call, token, exc)
+        return "failed", None
     if is_permanent(exc, permanent):
         engine.metrics.execution(call.scope.operation, "permanent_failure")
-        yield from poison(engine, call, token, reason="permanent_failure", error=error, cause=exc)
+        yield from poison(
+            engine, call, token, reason="permanent_failure", error=error, cause=exc,
+            response=kept,
+        )
         return "poisoned", None
     engine.metrics.execution(call.scope.operation, "transient_failure")
     now = engine.clock()
@@ -169,6 +207,24 @@ def record_failure(
     return "failed", result.retry_count
 
 
+def release_uncounted(
+    engine: Engine, call: Call, token: int, exc: Release
+) -> Generator[Command, Any, None]:
+    """A :class:`Release`: delete our PROCESSING record, counter untouched (the attempt
+    was not the operation's outcome).  Counted as a transient failure in the metrics (the
+    body ran and the scope is free for a retry), never in the scope's retry counter."""
+    engine.metrics.execution(call.scope.operation, "transient_failure")
+    released = yield from write_outcome(
+        engine, call, "release", {"token": token}, cause=exc
+    )
+    if not released:
+        engine.lease_lost(call)
+        return
+    engine.log.info(
+        "released_uncounted", status="RELEASED", reason=exc.reason, **call.fields()
+    )
+
+
 def poison(
     engine: Engine,
     call: Call,
@@ -177,22 +233,32 @@ def poison(
     reason: str,
     error: str | None = None,
     cause: BaseException | None = None,
+    response: bytes | None = None,
 ) -> Generator[Command, Any, bool]:
-    """Mark our attempt FAILED; False (and ``lease_lost``) when another attempt owns it."""
+    """Mark our attempt FAILED (keeping ``response`` with it when given); False (and
+    ``lease_lost``) when another attempt owns it."""
     now = engine.clock()
-    ok = yield from write_outcome(
-        engine, call, "mark_failed",
-        {"token": token, "now": now, "expires_at": now + call.options.ttl}, cause=cause,
-    )
+    kwargs: dict[str, Any] = {"token": token, "now": now, "expires_at": now + call.options.ttl}
+    if response is not None:  # only then: a store written before ``response=`` still works
+        kwargs["response"] = response
+    ok = yield from write_outcome(engine, call, "mark_failed", kwargs, cause=cause)
     if not ok:
         engine.lease_lost(call)
         return False
     engine.metrics.poisoned(call.scope.operation)
-    engine.log.warning("poisoned", status="FAILED", reason=reason, error=error, **call.fields())
+    engine.log.warning(
+        "poisoned", status="FAILED", reason=reason, error=error,
+        kept_response=response is not None, **call.fields(),
+    )
     return True
 
 
 def is_permanent(exc: BaseException, permanent: Permanent) -> bool:
+    """A configuration error and a :class:`Poison` always are; a :class:`Release` never."""
+    if isinstance(exc, Poison):
+        return True
+    if isinstance(exc, Release):
+        return False
     if isinstance(exc, IdempotencyError) and exc.code is ErrorCode.CONFIGURATION_ERROR:
         return True
     if callable(permanent) and not isinstance(permanent, tuple):
@@ -248,8 +314,10 @@ __all__ = [
     "body_failed",
     "complete",
     "is_permanent",
+    "kept_value",
     "poison",
     "record_failure",
+    "release_uncounted",
     "succeeded",
     "unstorable",
     "write_outcome",

@@ -143,9 +143,15 @@ class LazyCountContext(IdempotencyContext):
         *,
         load: Callable[[], int] | None = None,
     ) -> None:
-        IdempotencyContext.__init__(
-            self, tenant, operation, key, request_hash, outcome, retry_count, fencing_token
-        )
+        # The fields set directly (no dataclass __init__, no property setter): one of these is
+        # built for every body that runs.
+        self.tenant = tenant
+        self.operation = operation
+        self.key = key
+        self.request_hash = request_hash
+        self.outcome = outcome
+        _COUNT_SLOT.__set__(self, retry_count)
+        self.fencing_token = fencing_token
         self._load = load
 
     @property

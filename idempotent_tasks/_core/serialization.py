@@ -16,12 +16,17 @@ import datetime as dt
 import decimal
 import enum
 import hashlib
+import importlib
+import itertools
 import json
+import json.scanner
 import uuid
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_TYPES = frozenset(_SCALARS)  # exact types: one set look-up on the common path
+_STR = itertools.repeat(str)
 
 
 @runtime_checkable
@@ -61,34 +66,56 @@ def _check_keys(value: Any, depth: int = 0) -> None:
     if depth > 500:
         raise SerializationError("value is nested too deeply")
     if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise SerializationError(f"dict keys must be strings, got {type(k).__name__}")
-            if type(v) not in _SCALAR_TYPES:
-                _check_keys(v, depth + 1)
+        if not all(map(isinstance, value, _STR)):  # C loops: no Python frame per key
+            bad = next(k for k in value if not isinstance(k, str))
+            raise SerializationError(f"dict keys must be strings, got {type(bad).__name__}")
+        values: Any = value.values()
     elif isinstance(value, list | tuple):
-        for item in value:
+        values = value
+    else:
+        return
+    if not _SCALAR_TYPES.issuperset(map(type, values)):
+        for item in values:
             if type(item) not in _SCALAR_TYPES:
                 _check_keys(item, depth + 1)
+
+
+def _c_encoder() -> Callable[[Any, int], list[str]] | None:
+    """The canonical encoder, built once.  ``JSONEncoder.encode`` builds a new C encoder on
+    every call; building it once keeps every call in C (same output: sorted keys, compact
+    separators, UTF-8 text, no NaN/Infinity, ``default`` for the extra types).  ``None`` on
+    interpreters without the C accelerator."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover
+        return None
+    # markers None: no shared cycle bookkeeping (a dict reused across calls could keep ids
+    # after a failed call); cycles are refused earlier, by _check_keys' depth limit.
+    encoder: Callable[[Any, int], list[str]] = make(
+        None, _default, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+    return encoder
 
 
 class JSONSerializer:
     """Canonical JSON (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._encoder = json.JSONEncoder(
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
+        self._c_encode = _c_encoder()
+        self._py_encoder = json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
             default=_default,
         )
         self._decoder = json.JSONDecoder()
+        scanner = getattr(json.scanner, "c_make_scanner", None)
+        self._scan = None if scanner is None else scanner(self._decoder)
 
     def dumps(self, value: Any) -> bytes:
         try:
             _check_keys(value)
-            return self._encoder.encode(value).encode("utf-8")
+            encode = self._c_encode
+            if encode is None:  # pragma: no cover - no C accelerator
+                return self._py_encoder.encode(value).encode("utf-8")
+            return "".join(encode(value, 0)).encode("utf-8")
         except SerializationError:
             raise
         except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
@@ -99,6 +126,14 @@ class JSONSerializer:
             # What dumps wrote is UTF-8: decode it directly rather than have json.loads
             # sniff the encoding of every stored response.
             text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+            scan = self._scan
+            if scan is not None:
+                try:
+                    value, end = scan(text, 0)  # what dumps wrote: one value, no whitespace
+                except StopIteration:  # not at position 0: let the full decoder say why
+                    end = -1
+                if end == len(text):
+                    return value
             return self._decoder.decode(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SerializationError(str(exc)) from exc
@@ -109,4 +144,19 @@ DEFAULT_SERIALIZER = JSONSerializer()
 
 def request_hash(encoded_payload: bytes) -> str:
     """Hex SHA-256 of the canonical encoding."""
-    return hashlib.sha256(encoded_payload).hexdigest()
+    digest: str = _sha256(encoded_payload).hexdigest()
+    return digest
+
+
+def _pick_sha256() -> Callable[[bytes], Any]:
+    """CPython's own SHA-256 where it has one: for the short inputs hashed here it costs
+    less than a round through OpenSSL's EVP layer.  Same digest either way."""
+    for module in ("_sha2", "_sha256"):  # 3.12+, 3.11
+        try:
+            return importlib.import_module(module).sha256  # type: ignore[no-any-return]
+        except (ImportError, AttributeError):
+            continue
+    return hashlib.sha256  # pragma: no cover
+
+
+_sha256 = _pick_sha256()

@@ -125,7 +125,8 @@ def _as_duplicate(engine: Engine, call: Call, claim: Claim, ctx: IdempotencyCont
         return finished(call, claim, ctx, refusal_kind(err.code, ran=True), err=err)
     if record is not None and record.status is Status.FAILED:
         poisoned = call.error(ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)")
-        return finished(call, claim, ctx, "poisoned", err=poisoned)
+        kept = engine.decode_kept(call, record.response)
+        return finished(call, claim, ctx, "poisoned", err=poisoned, result=kept)
     busy = call.error(ErrorCode.REQUEST_IN_PROGRESS, "another attempt owns this scope")
     return finished(call, claim, ctx, "in_progress", err=busy)
 

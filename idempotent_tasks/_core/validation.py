@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import TypeGuard
 
 from .errors import ErrorCode, InvalidInputError
 
@@ -51,22 +50,15 @@ def validate_part(
     return text
 
 
-def _plain(value: object) -> TypeGuard[str]:
-    """The common case, accepted by :func:`validate_part`'s rules in a few C calls: a
-    non-blank printable ASCII ``str`` of at most 255 characters (for ASCII, printable means
-    no control characters)."""
-    return (
-        type(value) is str
-        and value.isascii()
-        and value.isprintable()
-        and 0 < len(value) <= MAX_PART_LENGTH
-        and not value.isspace()
-    )
-
-
 def validate_key(value: object) -> str:
-    if _plain(value):
-        return value  # keys are unique per message: the one part checked on every call
+    # Keys are unique per message: the one part checked on every call.  The common case,
+    # accepted by validate_part's rules in a few C calls: a non-blank printable ASCII str of
+    # at most 255 characters (for ASCII, printable means no control characters).
+    if (
+        type(value) is str and value.isascii() and value.isprintable()
+        and 0 < len(value) <= MAX_PART_LENGTH and not value.isspace()
+    ):
+        return value
     return validate_part(
         value, what="idempotency key", missing=ErrorCode.MISSING_KEY, invalid=ErrorCode.INVALID_KEY
     )

@@ -9,7 +9,9 @@ other outcome is answered by the one table of :mod:`._outcome`.
 
 Responses bigger than ``max_response_bytes`` are not buffered beyond the limit: the
 middleware starts streaming them to the client and, because such a response can never be
-replayed, records the scope as FAILED (a retry gets ``409 REQUEST_FAILED``).
+replayed, records the scope as FAILED (a retry gets ``409 REQUEST_FAILED``).  The last chunk
+of such a response is held back until that outcome is written, so a client that retries as
+soon as the response ends finds the scope FAILED, never still in progress.
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ from ._common import (
     KEY_HEADER_BYTES,
     CapturedResponse,
     HTTPRequest,
+    Options,
     PayloadGetter,
     Policy,
     TenantGetter,
-    UnsuccessfulResponse,
     build_policy,
     classify,
-    decode_key,
+    failure,
     is_permanent_signal,
     resolve_tenant,
 )
+from ._keys import parse_key
 from ._outcome import app_exception, library_response, refused
+from ._profiles import ProfileName
 from ._routes import RouteMatch, RouteSpec, StatusPolicy
 
 Scope = MutableMapping[str, Any]
@@ -70,13 +74,17 @@ class ASGIIdempotencyMiddleware:
         permanent: StatusPolicy | None = None,
         max_response_bytes: int | None = None,
         replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
+        profile: ProfileName = "guide",
+        replay_errors: bool | None = None,
+        problem_type_base: str | None = None,
     ) -> None:
         self.app = app
-        self.policy = build_policy(
-            handler, get_tenant=get_tenant, get_payload=get_payload, require_key=require_key,
+        self.policy = build_policy(handler, Options(
+            get_tenant=get_tenant, get_payload=get_payload, require_key=require_key,
             status_map=status_map, routes=routes, permanent=permanent,
             max_response_bytes=max_response_bytes, replay_headers=replay_headers,
-        )
+            profile=profile, replay_errors=replay_errors, problem_type_base=problem_type_base,
+        ))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = None
@@ -158,6 +166,8 @@ class _Capture:
         self.start: Message | None = None
         self.complete = False
         self.streamed = False
+        #: A streamed response's last message, sent once the outcome is written (flush).
+        self.held: Message | None = None
 
     async def __call__(self, message: Message) -> None:
         kind = message["type"]
@@ -167,8 +177,10 @@ class _Capture:
         if kind != "http.response.body" or self.start is None or self.complete:
             raise RuntimeError(f"unexpected ASGI message {kind!r} on an idempotent route")
         more = bool(message.get("more_body", False))
-        if self.streamed:
+        if self.streamed and more:
             await self._send(message)
+        elif self.streamed:
+            self.held = message
         else:
             chunk = bytes(message.get("body", b""))
             self._chunks.append(chunk)
@@ -182,7 +194,17 @@ class _Capture:
         self.streamed = True
         await self._send(self.start)
         body, self._chunks = b"".join(self._chunks), []
-        await self._send({"type": "http.response.body", "body": body, "more_body": more})
+        message = {"type": "http.response.body", "body": body, "more_body": more}
+        if more:
+            await self._send(message)
+        else:
+            self.held = message
+
+    async def flush(self) -> None:
+        """End a streamed response (its outcome is written by now)."""
+        held, self.held = self.held, None
+        if held is not None:
+            await self._send(held)
 
     def response(self) -> CapturedResponse | None:
         """The buffered response, once complete (``None`` if it was streamed or cut short)."""
@@ -191,23 +213,21 @@ class _Capture:
         headers = [(bytes(k), bytes(v)) for k, v in self.start.get("headers", [])]
         return CapturedResponse(int(self.start["status"]), headers, b"".join(self._chunks))
 
-    def finish(self, match: RouteMatch, replay_headers: frozenset[str]) -> dict[str, Any]:
+    def finish(self, match: RouteMatch, policy: Policy) -> dict[str, Any]:
         """The value to store (a 2xx), or raise the failure the handler must record."""
         if self.start is None or not self.complete:
             raise RuntimeError("the application returned without completing its response")
         status = int(self.start["status"])
         if self.streamed:
             ok = 200 <= status < 300
-            raise UnsuccessfulResponse(
-                None, permanent=ok or match.settings.permanent(status), sent=True,
-                reason="response_too_large" if ok else "unsuccessful_status",
-            )
+            raise failure(status, match.settings, None, sent=True,
+                          reason="response_too_large" if ok else "unsuccessful_status")
         response = self.response()
         assert response is not None
-        failure = classify(response, match.settings)
-        if failure is not None:
-            raise failure
-        return response.to_stored(replay_headers)
+        failed = classify(response, match.settings, policy)
+        if failed is not None:
+            raise failed
+        return response.to_stored(policy.replay_headers)
 
 
 async def _send_response(send: Send, response: CapturedResponse) -> None:
@@ -240,8 +260,8 @@ class _Exchange:
         payload found before it ran.  Other exceptions (a getter's bug) propagate."""
         settings, key, tenant = self.match.settings, None, None
         try:
-            key = decode_key([bytes(v) for k, v in self.scope.get("headers", [])
-                              if bytes(k).lower() == KEY_HEADER_BYTES])
+            key = parse_key([bytes(v) for k, v in self.scope.get("headers", [])
+                             if bytes(k).lower() == KEY_HEADER_BYTES])
             if key is None and not settings.require_key:
                 return await self._run_unkeyed()
             tenant = await resolve_tenant(self.policy, self.request)
@@ -272,14 +292,17 @@ class _Exchange:
             self.state["idempotency"] = ctx
             begin_enqueue_scope(ctx)
         await self.app(_app_scope(self.scope), self.receive, self.capture)
-        return self.capture.finish(self.match, self.policy.replay_headers)
+        return self.capture.finish(self.match, self.policy)
 
     async def _answer(self, outcome: Outcome) -> None:
         """Send what the outcome table says; re-raise what the application raised."""
         ctx = self.unkeyed or outcome.context
         ctx.outcome = outcome.kind
         self.state["idempotency"] = ctx
-        response = library_response(outcome, self.match.settings.status_map)
+        response = library_response(
+            outcome, self.match.settings.status_map, self.policy.profile
+        )
+        await self.capture.flush()  # a streamed response ends once its outcome is written
         if response is not None:
             if not self.capture.streamed:  # never a second response after streaming began
                 await _send_response(self.send, response)

@@ -24,6 +24,8 @@ from typing import Any
 from .._core import keys
 from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError, InvalidInputError
 from .._core.handler import IdempotencyHandler
+from .._core.signals import Poison, Release
+from ._profiles import Profile, resolve_profile
 from ._routes import RouteSettings, RouteSpec, RouteTable, StatusPolicy, as_predicate
 
 #: The header clients send their key in (matched case-insensitively); the one spelling
@@ -113,23 +115,6 @@ def default_payload(request: HTTPRequest) -> dict[str, str]:
     }
 
 
-def decode_key(values: list[bytes]) -> str | None:
-    """The ``Idempotency-Key`` header as text: ``None`` if absent; UTF-8 strictly.
-
-    A request with two keys is ambiguous and refused (``INVALID_KEY``) rather than guessed.
-    """
-    if not values:
-        return None
-    if len(values) > 1:
-        raise InvalidInputError("more than one Idempotency-Key header", code=ErrorCode.INVALID_KEY)
-    try:
-        return values[0].decode("utf-8").strip()
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(
-            "the Idempotency-Key header is not valid UTF-8", code=ErrorCode.INVALID_KEY
-        ) from exc
-
-
 @dataclass(slots=True)
 class CapturedResponse:
     """A complete response: what the application sent, or what a replay sends."""
@@ -170,6 +155,11 @@ class CapturedResponse:
             ) from exc
 
 
+#: Statuses that say "you may not" (authentication, authorization, proxy authentication,
+#: CSRF) rather than "this operation failed": the key is released, nothing is counted.
+RELEASED_STATUSES: frozenset[int] = frozenset({401, 403, 407})
+
+
 class UnsuccessfulResponse(Exception):
     """Raised *inside* the body so that the handler records a failure, not a success.
 
@@ -180,11 +170,27 @@ class UnsuccessfulResponse(Exception):
 
     def __init__(self, response: CapturedResponse | None, *, permanent: bool, sent: bool,
                  reason: str) -> None:
-        super().__init__(reason)
+        Exception.__init__(self, reason)  # not super(): the signal subclasses mix in more
         self.response = response
         self.permanent = permanent
         self.sent = sent
         self.reason = reason
+
+
+class KeptResponse(UnsuccessfulResponse, Poison):
+    """A permanent error response kept with the FAILED record (``replay_errors``): every
+    retry gets these bytes again instead of ``409 REQUEST_FAILED``."""
+
+    def __init__(self, response: CapturedResponse, stored: dict[str, Any]) -> None:
+        super().__init__(response, permanent=True, sent=False, reason="permanent_status_kept")
+        self.value = stored
+
+
+class ReleasedResponse(UnsuccessfulResponse, Release):
+    """A 401/403/407: not the operation's outcome, so the key is released uncounted."""
+
+    def __init__(self, response: CapturedResponse | None, *, sent: bool) -> None:
+        super().__init__(response, permanent=False, sent=sent, reason="not_allowed")
 
 
 def is_permanent_signal(exc: BaseException) -> bool:
@@ -193,13 +199,32 @@ def is_permanent_signal(exc: BaseException) -> bool:
     return isinstance(exc, UnsuccessfulResponse) and exc.permanent
 
 
-def classify(response: CapturedResponse, settings: RouteSettings) -> UnsuccessfulResponse | None:
-    """``None`` for a 2xx (store it); otherwise the failure the handler must record."""
-    if 200 <= response.status < 300:
+def failure(
+    status: int, settings: RouteSettings, response: CapturedResponse | None, *, sent: bool,
+    reason: str,
+) -> UnsuccessfulResponse:
+    """The failure a non-2xx answer (or a response that cannot be stored) records."""
+    if status in RELEASED_STATUSES:
+        return ReleasedResponse(response, sent=sent)
+    permanent = 200 <= status < 300 or settings.permanent(status)
+    return UnsuccessfulResponse(response, permanent=permanent, sent=sent, reason=reason)
+
+
+def classify(
+    response: CapturedResponse, settings: RouteSettings, policy: Policy
+) -> UnsuccessfulResponse | None:
+    """``None`` for a 2xx (store it); otherwise the failure the handler must record: a
+    released 401/403/407, a kept permanent error (``replay_errors``), or a plain one."""
+    status = response.status
+    if 200 <= status < 300:
         return None
-    permanent = settings.permanent(response.status)
-    reason = "permanent_status" if permanent else "transient_status"
-    return UnsuccessfulResponse(response, permanent=permanent, sent=False, reason=reason)
+    if (
+        policy.profile.replay_errors and status not in RELEASED_STATUSES
+        and settings.permanent(status)
+    ):
+        return KeptResponse(response, response.to_stored(policy.replay_headers))
+    reason = "permanent_status" if settings.permanent(status) else "transient_status"
+    return failure(status, settings, response, sent=False, reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,25 +237,33 @@ class Policy:
     routes: RouteTable
     max_response_bytes: int
     replay_headers: frozenset[str]
+    profile: Profile
 
     def payload(self, request: HTTPRequest) -> Any:
         return self.get_payload(request)
 
 
-def build_policy(
-    handler: IdempotencyHandler,
-    *,
-    get_tenant: TenantGetter | None,
-    get_payload: PayloadGetter | None,
-    require_key: bool,
-    status_map: Mapping[str, int] | None,
-    routes: Iterable[RouteSpec] | None,
-    permanent: StatusPolicy | None,
-    max_response_bytes: int | None,
-    replay_headers: Iterable[str],
-) -> Policy:
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The keyword options both middlewares take (checked once by :func:`build_policy`)."""
+
+    get_tenant: TenantGetter | None = None
+    get_payload: PayloadGetter | None = None
+    require_key: bool = True
+    status_map: Mapping[str, int] | None = None
+    routes: Iterable[RouteSpec] | None = None
+    permanent: StatusPolicy | None = None
+    max_response_bytes: int | None = None
+    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS
+    profile: str = "guide"
+    replay_errors: bool | None = None
+    problem_type_base: str | None = None
+
+
+def build_policy(handler: IdempotencyHandler, options: Options) -> Policy:
     """Check the options once, at construction (never at the first request)."""
-    if get_tenant is None or not callable(get_tenant):
+    o = options
+    if o.get_tenant is None or not callable(o.get_tenant):
         raise ConfigurationError(
             "get_tenant is required: a callable returning the authenticated tenant of a "
             "request (there is no shared 'anonymous' default)"
@@ -240,15 +273,20 @@ def build_policy(
     storable = (handler.max_response_bytes - _STORED_OVERHEAD) * 3 // 4
     if storable <= 0:
         raise ConfigurationError("handler.max_response_bytes is too small to store responses")
-    limit = storable if max_response_bytes is None else min(max_response_bytes, storable)
-    defaults = RouteSettings(require_key, dict(status_map or {}), as_predicate(permanent))
+    limit = storable if o.max_response_bytes is None else min(o.max_response_bytes, storable)
+    profile = resolve_profile(
+        o.profile, replay_errors=o.replay_errors, problem_type_base=o.problem_type_base
+    )
+    statuses = {**profile.status_map, **dict(o.status_map or {})}
+    defaults = RouteSettings(o.require_key, statuses, as_predicate(o.permanent))
     return Policy(
         handler=handler,
-        get_tenant=get_tenant,
-        get_payload=get_payload or default_payload,
-        routes=RouteTable(routes, defaults),
+        get_tenant=o.get_tenant,
+        get_payload=o.get_payload or default_payload,
+        routes=RouteTable(o.routes, defaults),
         max_response_bytes=limit,
-        replay_headers=frozenset(h.lower() for h in replay_headers),
+        replay_headers=frozenset(h.lower() for h in o.replay_headers),
+        profile=profile,
     )
 
 
@@ -266,15 +304,19 @@ __all__ = [
     "KEY_ENVIRON",
     "KEY_HEADER",
     "KEY_HEADER_BYTES",
+    "RELEASED_STATUSES",
     "REPLAYED_HEADER",
     "CapturedResponse",
     "HTTPRequest",
+    "KeptResponse",
+    "Options",
     "Policy",
+    "ReleasedResponse",
     "UnsuccessfulResponse",
     "build_policy",
     "classify",
-    "decode_key",
     "default_payload",
+    "failure",
     "is_permanent_signal",
     "resolve_tenant",
 ]

@@ -9,24 +9,27 @@ replayed           the stored response, with ``Idempotent-Replayed: true``
 in_progress        409 ``REQUEST_IN_PROGRESS`` + ``Retry-After``
 failed             the application's own transient answer (5xx, 408/425/429) as it gave it,
                    or its exception re-raised (the server's 500)
-poisoned           409 ``REQUEST_FAILED``; when the endpoint ran in this request, its own
-                   (permanent) answer
-rejected           400 (bad key, tenant or payload), 409 (key reused), 500 (configuration)
+poisoned           409 ``REQUEST_FAILED``, or the error response kept with the record
+                   (``replay_errors``) with ``Idempotent-Replayed: true``; when the
+                   endpoint ran in this request, its own (permanent) answer
+rejected           400 (bad key, tenant or payload), 409 (key reused; 422 under ``"ietf"``),
+                   500 (configuration)
 store_unavailable  503 + ``Retry-After`` (``OUTCOME_NOT_RECORDED`` included)
 =================  ==========================================================================
 
-A route's ``status_map`` overrides the status per error code; ``Retry-After`` follows the
-kind, whatever the status.
+A route's ``status_map`` overrides the status per error code (on top of the profile's);
+``Retry-After`` follows the kind, whatever the status; the body is the profile's (guide JSON
+or RFC 9457 problem details).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from .._core.errors import IdempotencyError, idempotency_error_status
 from .._core.outcome import Outcome, refusal_kind
 from ._common import CapturedResponse, Headers, UnsuccessfulResponse
+from ._profiles import Profile
 
 #: The ``Retry-After`` of the answers that say "come back later" (in progress, store down).
 RETRY_AFTER_SECONDS = 1
@@ -34,20 +37,29 @@ _RETRY_LATER: frozenset[str] = frozenset({"in_progress", "store_unavailable"})
 
 
 def library_response(
-    outcome: Outcome, status_map: Mapping[str, int]
+    outcome: Outcome, status_map: Mapping[str, int], profile: Profile
 ) -> CapturedResponse | None:
     """The answer the library gives for ``outcome``; ``None`` when the application's own
     response (or exception) is the answer: the endpoint ran in this request and what it did
-    was recorded (executed, or a failure the handler counted or poisoned)."""
-    if outcome.kind == "replayed":
+    was recorded (executed, or a failure the handler counted, released or poisoned)."""
+    if outcome.kind == "replayed" or _kept_error(outcome, profile):
         try:
             return CapturedResponse.from_stored(outcome.result)
         except IdempotencyError as err:  # a record that is not an HTTP response
-            return error_response(err, status_map, retry_after=False)
+            return error_response(err, status_map, profile, retry_after=False)
     if outcome.kind == "executed" or (outcome.ran and outcome.refusal is None):
         return None
     return error_response(
-        outcome.error_object(), status_map, retry_after=outcome.kind in _RETRY_LATER
+        outcome.error_object(), status_map, profile,
+        retry_after=outcome.kind in _RETRY_LATER,
+    )
+
+
+def _kept_error(outcome: Outcome, profile: Profile) -> bool:
+    """A duplicate of a scope poisoned by an error response kept with its record."""
+    return (
+        outcome.kind == "poisoned" and not outcome.ran and outcome.result is not None
+        and profile.replay_errors
     )
 
 
@@ -72,19 +84,20 @@ def refused(
 
 
 def error_response(
-    err: IdempotencyError, status_map: Mapping[str, int], *, retry_after: bool
+    err: IdempotencyError, status_map: Mapping[str, int], profile: Profile, *,
+    retry_after: bool,
 ) -> CapturedResponse:
-    """The JSON error every refusal answers with: ``{"error": {"code", "message"}}``."""
-    body = json.dumps(
-        {"error": {"code": err.code.value, "message": err.message}}, separators=(",", ":")
-    ).encode("utf-8")
+    """The error every refusal answers with: the guide's ``{"error": {"code", "message"}}``
+    or, under ``"ietf"``, RFC 9457 problem details."""
+    status = idempotency_error_status(err, status_map)
+    content_type, body = profile.error_body(err, status)
     headers: Headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", content_type),
         (b"content-length", str(len(body)).encode("ascii")),
     ]
     if retry_after:
         headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode("ascii")))
-    return CapturedResponse(idempotency_error_status(err, status_map), headers, body)
+    return CapturedResponse(status, headers, body)
 
 
 __all__ = [

@@ -27,16 +27,18 @@ from ._common import (
     KEY_ENVIRON,
     CapturedResponse,
     HTTPRequest,
+    Options,
     PayloadGetter,
     Policy,
     TenantGetter,
-    UnsuccessfulResponse,
     build_policy,
     classify,
-    decode_key,
+    failure,
     is_permanent_signal,
 )
+from ._keys import parse_key
 from ._outcome import app_exception, library_response, refused
+from ._profiles import ProfileName
 from ._routes import RouteMatch, RouteSpec, StatusPolicy
 
 Environ = dict[str, Any]
@@ -64,13 +66,17 @@ class WSGIIdempotencyMiddleware:
         permanent: StatusPolicy | None = None,
         max_response_bytes: int | None = None,
         replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
+        profile: ProfileName = "guide",
+        replay_errors: bool | None = None,
+        problem_type_base: str | None = None,
     ) -> None:
         self.app = app
-        self.policy = build_policy(
-            handler, get_tenant=get_tenant, get_payload=get_payload, require_key=require_key,
+        self.policy = build_policy(handler, Options(
+            get_tenant=get_tenant, get_payload=get_payload, require_key=require_key,
             status_map=status_map, routes=routes, permanent=permanent,
             max_response_bytes=max_response_bytes, replay_headers=replay_headers,
-        )
+            profile=profile, replay_errors=replay_errors, problem_type_base=problem_type_base,
+        ))
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET"))
@@ -168,21 +174,19 @@ class _Capture:
         reason = self.status_line.partition(" ")[2]
         return CapturedResponse(self.status, headers, self.spool.read(), reason)
 
-    def finish(self, match: RouteMatch, replay_headers: frozenset[str]) -> dict[str, Any]:
+    def finish(self, match: RouteMatch, policy: Policy) -> dict[str, Any]:
         """The value to store (a 2xx), or raise the failure the handler must record."""
         if self.status_line is None:
             raise RuntimeError("the application did not call start_response")
         if self.size > self._limit:
             ok = 200 <= self.status < 300
-            raise UnsuccessfulResponse(
-                None, permanent=ok or match.settings.permanent(self.status), sent=False,
-                reason="response_too_large" if ok else "unsuccessful_status",
-            )
+            raise failure(self.status, match.settings, None, sent=False,
+                          reason="response_too_large" if ok else "unsuccessful_status")
         response = self.response()
-        failure = classify(response, match.settings)
-        if failure is not None:
-            raise failure
-        return response.to_stored(replay_headers)
+        failed = classify(response, match.settings, policy)
+        if failed is not None:
+            raise failed
+        return response.to_stored(policy.replay_headers)
 
     def iter_body(self) -> Iterator[bytes]:
         """The captured body in blocks (it may be on disk), closing the spool at the end."""
@@ -231,8 +235,8 @@ class _Exchange:
         payload found before it ran.  Other exceptions (a getter's bug) propagate."""
         settings, key, tenant = self.match.settings, None, None
         try:
-            raw = self.environ.get(KEY_ENVIRON)
-            key = decode_key([] if raw is None else [str(raw).encode("latin-1", "replace")])
+            raw = self.environ.get(KEY_ENVIRON)  # a server joins repeated fields with ","
+            key = parse_key([] if raw is None else [str(raw)])
             if key is None and not settings.require_key:
                 return self._run_unkeyed(start_response)
             tenant = self._tenant()
@@ -270,14 +274,16 @@ class _Exchange:
             self.environ["idempotency"] = ctx
             begin_enqueue_scope(ctx)
         self.capture.run(self.app, self.environ)
-        return self.capture.finish(self.match, self.policy.replay_headers)
+        return self.capture.finish(self.match, self.policy)
 
     def _answer(self, outcome: Outcome, start_response: StartResponse) -> Iterable[bytes]:
         """Send what the outcome table says; re-raise what the application raised."""
         ctx = self.unkeyed or outcome.context
         ctx.outcome = outcome.kind
         self.environ["idempotency"] = ctx
-        response = library_response(outcome, self.match.settings.status_map)
+        response = library_response(
+            outcome, self.match.settings.status_map, self.policy.profile
+        )
         error = app_exception(outcome)
         if response is not None or error is not None:
             self.capture.spool.close()

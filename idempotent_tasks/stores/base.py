@@ -124,8 +124,11 @@ class HotPathStore(Protocol):
         now: float,
         expires_at: float,
         only_if_lease_expired: bool = False,
+        response: bytes | None = None,
     ) -> bool:
-        """PROCESSING + token (+ lease expired when asked) → FAILED (poisoned)."""
+        """PROCESSING + token (+ lease expired when asked) → FAILED (poisoned), keeping
+        ``response`` in the record when given (what a duplicate of the poisoned scope gets
+        back with its refusal); ``get`` returns it with the FAILED record."""
         ...
 
     def release(self, scope: Scope, *, token: int) -> bool:

@@ -67,8 +67,9 @@ class MemoryStore:
             if existing.expires_at is None or existing.expires_at > now:
                 return CreateResult(CreateOutcome.DUPLICATE, existing)
             self._counters.pop(scope, None)  # re-created after expiry: a fresh counter
-        record = StoredRecord.claimed(
-            scope, request_hash, self._next_token(), now, lease_expires_at
+        record = StoredRecord(
+            scope, Status.PROCESSING, request_hash, None, self._next_token(), now, now,
+            lease_expires_at, None,
         )
         self._records[scope] = record
         return CreateResult(CreateOutcome.CREATED, record)
@@ -86,7 +87,16 @@ class MemoryStore:
         return record
 
     def _update(self, record: StoredRecord, **changes: Any) -> None:
-        self._records[record.scope] = dataclasses.replace(record, **changes)
+        """Replace the stored record by a changed copy (records handed out earlier, e.g. in a
+        DUPLICATE, never change under their holder)."""
+        copy = StoredRecord(
+            record.scope, record.status, record.request_hash, record.response,
+            record.fencing_token, record.created_at, record.updated_at,
+            record.lease_expires_at, record.expires_at,
+        )
+        for name, value in changes.items():
+            setattr(copy, name, value)
+        self._records[record.scope] = copy
 
     def _bump(self, scope: Scope, now: float) -> int:
         counter = self._counters.get(scope)
@@ -130,13 +140,9 @@ class MemoryStore:
             record = self._owned(scope, token)
             if record is None:
                 return False
-            self._update(
-                record,
-                status=Status.SUCCESS,
-                response=response,
-                updated_at=now,
-                lease_expires_at=None,
-                expires_at=expires_at,
+            self._records[scope] = StoredRecord(  # a new record: handed-out ones never change
+                scope, Status.SUCCESS, record.request_hash, response, token,
+                record.created_at, now, None, expires_at,
             )
             return True
 
@@ -156,18 +162,22 @@ class MemoryStore:
         now: float,
         expires_at: float,
         only_if_lease_expired: bool = False,
+        response: bytes | None = None,
     ) -> bool:
         with self._lock:
             record = self._owned(scope, token)
             if record is None or (only_if_lease_expired and _lease_live(record, now)):
                 return False
-            self._poison(record, now, expires_at)
+            self._poison(record, now, expires_at, response)
             return True
 
-    def _poison(self, record: StoredRecord, now: float, expires_at: float) -> None:
+    def _poison(
+        self, record: StoredRecord, now: float, expires_at: float, response: bytes | None = None
+    ) -> None:
         self._update(
             record,
             status=Status.FAILED,
+            response=response,
             updated_at=now,
             lease_expires_at=None,
             expires_at=expires_at,

@@ -189,18 +189,22 @@ class Resp:
 
 class Driver(Protocol):
     def request(self, method: str, path: str, *, key: str | None = ..., tenant: str | None = ...,
-                json: Any = ..., content: bytes | None = ...) -> Resp: ...
+                json: Any = ..., content: bytes | None = ...,
+                headers: list[tuple[str, str]] | None = ...) -> Resp: ...
 
 
-def _headers(key: str | None, tenant: str | None, json_body: bool) -> dict[str, str]:
-    headers = {}
+def _headers(key: str | None, tenant: str | None, json_body: bool,
+             extra: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """The request's header fields, in order; ``extra`` may repeat a name (two
+    ``Idempotency-Key`` fields: httpx sends both, Werkzeug joins them with ", ")."""
+    headers = []
     if key is not None:
-        headers["Idempotency-Key"] = key
+        headers.append(("Idempotency-Key", key))
     if tenant is not None:
-        headers["X-Tenant"] = tenant
+        headers.append(("X-Tenant", tenant))
     if json_body:
-        headers["Content-Type"] = "application/json"
-    return headers
+        headers.append(("Content-Type", "application/json"))
+    return headers + list(extra or [])
 
 
 def _content(json_data: Any, content: bytes | None) -> bytes | None:
@@ -223,9 +227,10 @@ class ASGIDriver:
 
     async def arequest(self, client: httpx.AsyncClient, method: str, path: str, *,
                        key: str | None = None, tenant: str | None = "acme", json: Any = None,
-                       content: bytes | None = None) -> Resp:
+                       content: bytes | None = None,
+                       headers: list[tuple[str, str]] | None = None) -> Resp:
         r = await client.request(
-            method, path, headers=_headers(key, tenant, json is not None),
+            method, path, headers=_headers(key, tenant, json is not None, headers),
             content=_content(json, content),
         )
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in r.headers.raw]
@@ -247,8 +252,10 @@ class WSGIDriver:
 
     def request(self, method: str, path: str, *, key: str | None = None,
                 tenant: str | None = "acme", json: Any = None,
-                content: bytes | None = None) -> Resp:
+                content: bytes | None = None,
+                headers: list[tuple[str, str]] | None = None) -> Resp:
         client = self.app.test_client()
-        r = client.open(path, method=method, headers=_headers(key, tenant, json is not None),
+        r = client.open(path, method=method,
+                        headers=_headers(key, tenant, json is not None, headers),
                         data=_content(json, content))
         return Resp(r.status_code, list(r.headers.items()), r.get_data())

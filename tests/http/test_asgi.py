@@ -144,3 +144,49 @@ def test_client_disconnect_before_the_body_runs_nothing() -> None:
         (b"idempotency-key", b"k")], "query_string": b""}
     asyncio.run(middleware(scope, receive, send))
     assert calls == [] and sent == []
+
+
+def test_a_streamed_response_ends_only_after_its_failed_outcome_is_written(
+    handler: IdempotencyHandler,
+) -> None:
+    """A response too large to store is streamed and recorded FAILED.  Its last chunk is
+    held back until that write: a retry racing the end of the response (run here from
+    inside the client's ``send`` as the last chunk arrives) gets REQUEST_FAILED, never
+    REQUEST_IN_PROGRESS."""
+
+    async def big(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for last in (False, False, True):
+            await send({"type": "http.response.body", "body": b"x" * 600, "more_body": not last})
+
+    middleware = ASGIIdempotencyMiddleware(big, handler, get_tenant=lambda r: "acme",
+                                           max_response_bytes=1000)
+    scope = {"type": "http", "method": "POST", "path": "/big", "query_string": b"",
+             "headers": [(b"idempotency-key", b"k-stream")]}
+    seen: dict[str, Any] = {"body": b""}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def racing_retry() -> tuple[int, bytes]:
+        sent: list[dict[str, Any]] = []
+
+        async def collect(message: Any) -> None:
+            sent.append(message)
+
+        await middleware(dict(scope), receive, collect)
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    async def send(message: Any) -> None:
+        seen["body"] += message.get("body", b"")
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            record = handler.get_record(operation="POST /big", tenant="acme", key="k-stream")
+            seen["status_at_end"] = record.status if record else None
+            seen["retry"] = await racing_retry()
+
+    asyncio.run(middleware(dict(scope), receive, send))
+    assert seen["body"] == b"x" * 1800
+    assert seen["status_at_end"] == "FAILED"
+    status, body = seen["retry"]
+    assert status == 409 and json.loads(body)["error"]["code"] == "REQUEST_FAILED"

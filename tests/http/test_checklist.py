@@ -1,5 +1,6 @@
 """The production guide's testing checklist, for the ASGI (FastAPI) and WSGI (Flask)
-middlewares, against the memory, PostgreSQL and Redis stores."""
+middlewares, against the memory, SQLite, PostgreSQL and Redis stores (profile="guide",
+the default: these statuses are the guide's)."""
 
 from __future__ import annotations
 
@@ -7,38 +8,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from idempotent_tasks import IdempotencyHandler, MemoryCache, Status
 from idempotent_tasks.http import DEFAULT_REPLAY_HEADERS
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FaultyStore
 
-from ._apps import (
-    STREAM_CHUNK,
-    STREAM_CHUNKS,
-    ASGIDriver,
-    Resp,
-    Script,
-    WSGIDriver,
-    fastapi_app,
-    flask_app,
-)
+from ._apps import STREAM_CHUNK, STREAM_CHUNKS, Resp, Script
 
 PAY = "POST /payments/{id}"
 MakeDriver = Callable[..., Any]
-
-
-@pytest.fixture(params=["asgi", "wsgi"])
-def make(request: pytest.FixtureRequest) -> MakeDriver:
-    """``make(handler, script, **middleware_options)`` → a driver for that framework."""
-
-    def build(handler: IdempotencyHandler, script: Script, **options: Any) -> Any:
-        if request.param == "asgi":
-            return ASGIDriver(fastapi_app(handler, script, **options))
-        return WSGIDriver(flask_app(handler, script, **options))
-
-    return build
 
 
 def new_key() -> str:

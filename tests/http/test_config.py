@@ -97,15 +97,3 @@ def test_per_route_options_override_the_middleware_defaults() -> None:
 def test_default_classification() -> None:
     assert default_permanent(400) and default_permanent(404) and default_permanent(422)
     assert not any(default_permanent(s) for s in (408, 425, 429, 500, 503, 302))
-
-
-def test_the_key_header_must_be_single_and_utf8() -> None:
-    from idempotent_tasks import InvalidInputError
-    from idempotent_tasks.http._common import decode_key
-
-    assert decode_key([]) is None
-    assert decode_key(["clé".encode()]) == "clé"
-    for values in ([b"a", b"b"], [b"\xff\xfe"]):
-        with pytest.raises(InvalidInputError) as info:
-            decode_key(values)
-        assert info.value.code == "INVALID_KEY"

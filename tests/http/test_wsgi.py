@@ -86,3 +86,27 @@ def test_raw_wsgi_app_with_write_and_chunked_input() -> None:
     assert calls == [b"payload"]
     third = b"".join(middleware(_environ(b"other"), start_response))
     assert b"KEY_REUSED_WITH_DIFFERENT_REQUEST" in third and statuses[-1].startswith("409")
+
+
+def test_a_spooled_response_is_sent_only_after_its_failed_outcome_is_written() -> None:
+    """WSGI spools a response too large to store and sends it once the FAILED outcome is
+    written: a retry racing its first bytes already gets REQUEST_FAILED."""
+
+    def big(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        return [b"x" * 600] * 3
+
+    handler = IdempotencyHandler(MemoryStore(), metrics=None)
+    middleware = WSGIIdempotencyMiddleware(big, handler, get_tenant=lambda r: "acme",
+                                           max_response_bytes=1000)
+    seen: list[Any] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        record = handler.get_record(operation="POST /w", tenant="acme", key="k")
+        seen.append((status, record.status if record else None))
+        return lambda data: None
+
+    body = b"".join(middleware(_environ(b""), start_response))
+    assert body == b"x" * 1800 and seen == [("200 OK", "FAILED")]
+    retry = b"".join(middleware(_environ(b""), start_response))
+    assert b"REQUEST_FAILED" in retry and seen[-1][0].startswith("409")

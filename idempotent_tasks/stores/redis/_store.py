@@ -151,10 +151,11 @@ class RedisStore(RedisMaintenance):
         now: float,
         expires_at: float,
         only_if_lease_expired: bool = False,
+        response: bytes | None = None,
     ) -> bool:
         k = self._keys(scope)
         keys = (k.record, k.counter, k.processing, k.finished)
-        args = (token, now, expires_at, int(only_if_lease_expired), self._gc_ms)
+        args = (token, now, expires_at, int(only_if_lease_expired), self._gc_ms, response or b"")
         return bool(self._run("mark_failed", scope, keys, args))
 
     def release(self, scope: Scope, *, token: int) -> bool:

@@ -77,6 +77,9 @@ class Common:
         )
         self.mark_failed = convert(poison)
         self.mark_failed_expired = convert(poison + LEASE_EXPIRED)
+        kept = poison.replace("status = 'FAILED',", "status = 'FAILED', response = :response,")
+        self.mark_failed_response = convert(kept)
+        self.mark_failed_response_expired = convert(kept + LEASE_EXPIRED)
         self.release = convert(f"DELETE FROM {r} WHERE {OWNED}")
         self.bump = convert(
             f"INSERT INTO {c} AS c (tenant, operation, key, count, updated_at) "

@@ -101,11 +101,17 @@ class SQLStore(SQLPlumbing):
         now: float,
         expires_at: float,
         only_if_lease_expired: bool = False,
+        response: bytes | None = None,
     ) -> bool:
         p = q.scope_params(scope)
         p.update(token=token, now=now, expires_at=expires_at)
-        common = self._common
-        sql = common.mark_failed_expired if only_if_lease_expired else common.mark_failed
+        c = self._common
+        if response is None:
+            sql = c.mark_failed_expired if only_if_lease_expired else c.mark_failed
+        else:
+            p["response"] = response
+            kept = c.mark_failed_response
+            sql = c.mark_failed_response_expired if only_if_lease_expired else kept
         return self._rowcount("mark_failed", sql, p) == 1
 
     def release(self, scope: Scope, *, token: int) -> bool:
