@@ -25,7 +25,7 @@ from .engine import Call, Claim, Engine
 from .errors import IdempotencyError
 from .flow import body_context, claim_scope, decide_io, lease_of, run_owned, unkeyed
 from .outcome import Outcome
-from .recording import body_failed, succeeded, unstorable, write_outcome
+from .recording import body_failed, recorded, succeeded, unstorable, write_outcome
 from .records import IdempotencyContext, Scope
 from .transactional import (
     execute_in_transaction,
@@ -36,7 +36,7 @@ from .transactional import (
 Body = Callable[..., Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Entry:
     """One call of the batch: what it was given, and its validated form (``call`` is
     ``None`` for an unkeyed call) — or the ``rejected`` outcome its input earned."""
@@ -46,7 +46,7 @@ class Entry:
     call: Call | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Mode:
     permanent: Permanent
     transactional: bool
@@ -211,9 +211,12 @@ def _record_successes(
             outcomes[r.index] = not_recorded(r.call, r.claim, r.ctx, own)
         return
     for (r, w), ok in zip(writes, stored, strict=True):
-        outcomes[r.index] = yield from succeeded(
-            engine, r.call, r.claim, r.ctx, w.response, ok, now
-        )
+        if ok and engine.cache is None:  # the common case: nothing more to write
+            outcomes[r.index] = recorded(engine, r.call, r.claim, r.ctx, w.response)
+        else:
+            outcomes[r.index] = yield from succeeded(
+                engine, r.call, r.claim, r.ctx, w.response, ok, now
+            )
 
 
 def _bind(fn: Body, item: Any) -> Callable[[], Any]:

@@ -11,6 +11,7 @@ never as exceptions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ DEAD_LETTER_HEADERS: frozenset[str] = frozenset({
 })
 
 
+@functools.lru_cache(maxsize=4096)  # header names repeat on every message
 def normalize_header_name(name: str) -> str:
     """``Idempotency_Key`` → ``idempotency-key``: the form every look-up uses."""
     return name.lower().replace("_", "-")

@@ -18,6 +18,7 @@ the consumer turns it into a ``"rejected"`` outcome.
 from __future__ import annotations
 
 import json
+import json.scanner
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +27,10 @@ from .._core.errors import ErrorCode, IdempotencyError, InvalidInputError
 from ._message import KEY_HEADER, TENANT_HEADER, Message
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json"
+_scanner = getattr(json.scanner, "c_make_scanner", None)
+_scan: Callable[[str, int], tuple[Any, int]] | None = (
+    None if _scanner is None else _scanner(json.JSONDecoder())
+)
 _BINARY_SOURCE = ("ce_source", "cloudEvents:source", "cloudEvents_source")
 _BINARY_ID = ("ce_id", "cloudEvents:id", "cloudEvents_id")
 
@@ -34,7 +39,7 @@ TenantSpec = Callable[[Message], Any] | None
 PayloadSpec = Callable[[Message], Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Resolved:
     """A message's idempotency inputs, not yet validated (the handler validates)."""
 
@@ -73,7 +78,18 @@ def decode_json(value: Any, what: str = "message value") -> Any:
     if not isinstance(value, str):
         return value  # already decoded by the caller
     try:
+        value_end = _scan(value, 0) if _scan is not None and value else None
+        if value_end is not None and value_end[1] == len(value):
+            return value_end[0]  # one JSON value, no surrounding whitespace: the C scanner
         return json.loads(value)
+    except StopIteration:  # the scanner found no value at 0: let json say why
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInputError(
+                f"{what} is not valid JSON: {type(exc).__name__}",
+                code=ErrorCode.INVALID_PAYLOAD,
+            ) from exc
     except (ValueError, RecursionError) as exc:
         raise InvalidInputError(
             f"{what} is not valid JSON: {type(exc).__name__}", code=ErrorCode.INVALID_PAYLOAD

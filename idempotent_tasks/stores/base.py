@@ -35,10 +35,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+# The value types below are plain slotted dataclasses, not frozen ones (a frozen dataclass
+# costs several times more to build, and a batch builds one per message): treat them as
+# read-only.
 from .._core.records import CreateResult, Scope, Status, StoredRecord
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimRequest:
     """One scope to claim in ``create_many`` (the store picks its token)."""
 
@@ -46,7 +49,7 @@ class ClaimRequest:
     request_hash: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TakeOver:
     """What a successful ``take_over`` did: the counter after the increment (the crashed
     attempt counts) and the new attempt's fencing token."""
@@ -55,7 +58,7 @@ class TakeOver:
     token: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SuccessWrite:
     """One scope to complete in ``mark_success_many``."""
 
@@ -65,7 +68,7 @@ class SuccessWrite:
     expires_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FailureResult:
     """What ``record_failure`` did: the counter after the increment, and whether the record
     was poisoned (FAILED) rather than released (deleted)."""
