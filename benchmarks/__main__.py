@@ -1,7 +1,10 @@
 """``python -m benchmarks [--quick] [--only core,peers,...] [--n N] [--json PATH]``.
 
 Sections (default: all but ``scaling``, which takes longer and runs only when named):
-core, peers, hotspots, e2e, consumers, batch, memory, cpu, scaling.  ``cpu`` counts
+core, peers, hotspots, e2e, consumers, batch, memory, cpu, asyncio, async_integrations
+(FastStream and taskiq with and without the layer), scaleout (MariaDB and
+DynamoDB against their own floors), outbox (staging cost, relay throughput and latency),
+scaling.  ``cpu`` counts
 instructions per delivery with callgrind; ``--cpu-baseline REF`` also counts them for a git
 ref (checked out in a temporary worktree) and prints the ratio.  Every comparison is measured
 in this one run, interleaved; ratios are the headline, absolute times secondary.  The
@@ -26,10 +29,23 @@ from typing import Any
 from rich.console import Console
 
 from . import _services
-from .report import print_section, targets
+from .async_integrations import table as async_integrations_table
+from .async_integrations import targets as async_integrations_targets
+from .asyncio_ import table as asyncio_table
+from .asyncio_ import targets as asyncio_targets
+from .outbox import table as outbox_table
+from .outbox import targets as outbox_targets
+from .report import PRINTERS, print_section, targets
+from .scaleout import table as scaleout_table
+from .scaleout import targets as scaleout_targets
+
+PRINTERS["asyncio"] = asyncio_table
+PRINTERS["async_integrations"] = async_integrations_table
+PRINTERS["scaleout"] = scaleout_table
+PRINTERS["outbox"] = outbox_table
 
 SECTIONS = ["core", "peers", "hotspots", "e2e", "consumers", "batch", "memory", "cpu",
-            "scaling"]
+            "asyncio", "async_integrations", "scaleout", "outbox", "scaling"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scaling"]
 
 
@@ -48,6 +64,19 @@ class Params:
     cleanup_n: int
     #: The two numbers of deliveries the cpu section's probe runs (their difference counts).
     cpu_ns: tuple[int, int]
+    #: asyncio: operations per contender; HTTP load clients, seconds per run, rounds.
+    async_n: int = 2000
+    http_clients: int = 200
+    http_seconds: float = 10.0
+    http_rounds: int = 2
+    #: async_integrations: messages per run (FastStream, taskiq; with and without the layer)
+    #: and rounds (each round: floor, engine, every integration plain and layered).
+    async_messages: int = 500
+    async_rounds: int = 11
+    #: outbox: staging ops, rows the relay drains per broker, messages timed for latency.
+    outbox_n: int = 3000
+    outbox_relay_n: int = 20_000
+    outbox_latency_n: int = 500
 
 
 QUICK = Params(
@@ -55,21 +84,37 @@ QUICK = Params(
     memory_sizes={"memory": 10_000, "sqlite": 10_000, "postgresql": 10_000, "redis": 10_000,
                   "redis (hash-max-listpack-value 256)": 10_000},
     scaling_sizes=[10_000, 100_000], scaling_ops=200, concurrency_s=1.0, cleanup_n=10_000,
-    cpu_ns=(100, 300),
+    cpu_ns=(100, 300), async_n=300, http_clients=200, http_seconds=3.0, http_rounds=1,
+    async_messages=300, async_rounds=3, outbox_n=300, outbox_relay_n=3000, outbox_latency_n=100,
 )
 FULL = Params(
     n=2000, e2e_n=2000, e2e_rounds=5, consumers_n=2000, batch_scopes=20_000, batch_rounds=5,
     memory_sizes={"memory": 100_000, "sqlite": 200_000, "postgresql": 1_000_000,
                   "redis": 1_000_000, "redis (hash-max-listpack-value 256)": 1_000_000},
     scaling_sizes=[10_000, 100_000, 1_000_000], scaling_ops=1000, concurrency_s=3.0,
-    cleanup_n=100_000, cpu_ns=(500, 1500),
+    cleanup_n=100_000, cpu_ns=(500, 1500), async_n=2000, http_clients=200, http_seconds=10.0,
+    http_rounds=2,
 )
 
 
 def _section_runners(
     p: Params, stores: list[str], cpu_baseline: str | None = None
 ) -> dict[str, Callable[[], Any]]:
-    from . import batch, consumers, core, cpu, e2e, hotspots, memory, peers, scaling
+    from . import (
+        async_integrations,
+        asyncio_,
+        batch,
+        consumers,
+        core,
+        cpu,
+        e2e,
+        hotspots,
+        memory,
+        outbox,
+        peers,
+        scaleout,
+        scaling,
+    )
 
     networked = [s for s in stores if s in ("postgresql", "redis")]
     return {
@@ -82,6 +127,12 @@ def _section_runners(
                                    [s for s in stores if s != "memory"]),
         "memory": lambda: memory.run(p.memory_sizes),
         "cpu": lambda: cpu.run(p.cpu_ns, cpu_baseline),
+        "scaleout": lambda: scaleout.run(p.n, p.batch_scopes, p.batch_rounds),
+        "outbox": lambda: outbox.run(p.outbox_n, p.outbox_relay_n, p.outbox_latency_n),
+        "asyncio": lambda: asyncio_.run(p.async_n, p.http_clients, p.http_seconds,
+                                        p.http_rounds),
+        "async_integrations": lambda: async_integrations.run(p.async_messages,
+                                                             p.async_rounds),
         "scaling": lambda: scaling.run(p.scaling_sizes, p.scaling_ops, p.concurrency_s,
                                        p.cleanup_n, [s for s in stores if s != "memory"]),
     }
@@ -163,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             _services.NOISE.append(f"{name}: failed: {report[name]['error']}")
         report.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 1)
         print_section(name, report[name], report, console)
-    report["targets"] = [t for t in targets(report) if t["result"] != "NOT RUN"]
+    rows = (targets(report) + asyncio_targets(report) + async_integrations_targets(report)
+            + scaleout_targets(report) + outbox_targets(report))
+    report["targets"] = [t for t in rows if t["result"] != "NOT RUN"]
     if report["targets"]:
         print_section("targets", report["targets"], report, console)
     _services.drop_leftovers()

@@ -224,3 +224,97 @@ def floor_ops(kind: str, workdir: Path, pg_url: str, redis_url: str) -> Iterator
             yield ops
     else:
         yield {}
+
+
+# -- the stores past one machine (scaleout.py) ------------------------------------------------
+_MY_INSERT = (
+    "INSERT IGNORE INTO {t} (tenant, operation, `key`, status, request_hash, created_at, "
+    "updated_at, lease_expires_at) VALUES (%s, %s, %s, 'PROCESSING', %s, %s, %s, %s)"
+)
+_MY_UPDATE = (
+    "UPDATE {t} SET status = 'SUCCESS', response = %s, updated_at = %s, expires_at = %s, "
+    "lease_expires_at = NULL WHERE tenant = %s AND operation = %s AND `key` = %s "
+    "AND status = 'PROCESSING' AND fencing_token = %s"
+)
+_MY_GET = (
+    "SELECT status, request_hash, response, fencing_token FROM {t} "
+    "WHERE tenant = %s AND operation = %s AND `key` = %s"
+)
+
+
+def mysql_floor_fns(url: str, table: str) -> tuple[dict[str, Op], Any]:
+    """MariaDB/MySQL, PyMySQL autocommit on a store-created ``table``: ``INSERT`` (the token
+    from ``lastrowid``) + conditional ``UPDATE`` (first delivery); ``INSERT IGNORE`` that
+    finds the row + ``SELECT`` (replay: MySQL has no one-statement claim-or-get)."""
+    import pymysql
+    import sqlalchemy as sa
+
+    u = sa.make_url(url)
+    conn = pymysql.connect(host=u.host, port=u.port or 3306, user=u.username,
+                           password=u.password or "", database=u.database, autocommit=True,
+                           client_flag=pymysql.constants.CLIENT.FOUND_ROWS)
+    cur = conn.cursor()
+    insert, update, get = (s.format(t=table) for s in (_MY_INSERT, _MY_UPDATE, _MY_GET))
+    tag = f"floor-{uuid.uuid4().hex[:6]}"
+
+    def first(i: int) -> None:
+        key = f"{tag}-{i}"
+        cur.execute(insert, ("t", "op", key, _HASH, 1.0, 1.0, 2.0))
+        cur.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", key, cur.lastrowid))
+
+    def replay(_: int) -> None:
+        if cur.execute(insert, ("t", "op", "done", _HASH, 1.0, 1.0, 2.0)) == 0:
+            cur.execute(get, ("t", "op", "done"))
+            cur.fetchone()
+
+    first(-1)
+    cur.execute(insert, ("t", "op", "done", _HASH, 1.0, 1.0, 2.0))
+    cur.execute(update, (_RESPONSE, 1.0, 9.0, "t", "op", "done", cur.lastrowid))
+    return {"claim+complete": first, "claim-or-get": replay}, conn
+
+
+_DDB_CLAIMABLE = "attribute_not_exists(st) AND (attribute_not_exists(tk) OR tk < :t)"
+
+
+def dynamodb_floor_fns(client: Any, table: str) -> dict[str, Op]:
+    """DynamoDB through the same boto3 client, on the store's table: a conditional
+    ``PutItem`` + a conditional ``UpdateItem`` (first delivery); the conditional ``PutItem``
+    refused with ``ALL_OLD`` (replay: one request).  The items have the store's attributes,
+    index ones included, so the service does the same work; only the library is missing."""
+    tag = f"floor-{uuid.uuid4().hex[:6]}"
+
+    def item(key: str) -> dict[str, Any]:
+        return {"pk": {"S": key}, "t": {"S": "t"}, "o": {"S": "op"}, "k": {"S": key},
+                "st": {"S": "PROCESSING"}, "rh": {"S": _HASH}, "tk": {"N": "7"},
+                "ca": {"N": "1.0"}, "ua": {"N": "1.0"}, "le": {"N": "2.0"},
+                "gp": {"S": "floor#P#0"}, "gs": {"N": "1.0"}, "gc": {"N": "4000000000"}}
+
+    def put(key: str) -> None:
+        client.put_item(TableName=table, Item=item(key), ConditionExpression=_DDB_CLAIMABLE,
+                        ExpressionAttributeValues={":t": {"N": "7"}},
+                        ReturnValuesOnConditionCheckFailure="ALL_OLD")
+
+    def first(i: int) -> None:
+        key = f"{tag}-{i}"
+        put(key)
+        client.update_item(
+            TableName=table, Key={"pk": {"S": key}},
+            ConditionExpression="st = :p AND tk = :t",
+            UpdateExpression="SET st = :s, rs = :r, ua = :u, ex = :e, gp = :g, gs = :e, "
+                             "gc = :c REMOVE le",
+            ExpressionAttributeValues={":p": {"S": "PROCESSING"}, ":t": {"N": "7"},
+                                       ":s": {"S": "SUCCESS"}, ":r": {"B": _RESPONSE},
+                                       ":u": {"N": "1.0"}, ":e": {"N": "9.0"},
+                                       ":g": {"S": "floor#S#0"}, ":c": {"N": "4000000000"}},
+        )
+
+    def replay(_: int) -> None:
+        try:
+            put(f"{tag}-done")
+        except client.exceptions.ConditionalCheckFailedException:
+            return
+        raise AssertionError("the floor's replay must find its record")
+
+    first(-1)
+    put(f"{tag}-done")
+    return {"claim+complete": first, "claim-or-get": replay}

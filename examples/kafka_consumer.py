@@ -30,6 +30,11 @@ BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "localhost:9092")
 STORE_URL = os.environ.get("STORE_URL", "postgresql+psycopg://postgres@localhost:5432/test")
 
 
+#: This example's own operation: the Kafka and RabbitMQ examples share the default store
+#: and order numbers, and must not replay each other's charges.
+OPERATION = "kafka_example.orders.charge"
+
+
 class InvalidOrder(Exception):
     """A permanent failure: retrying cannot help, so the message is poisoned."""
 
@@ -57,7 +62,9 @@ def produce() -> None:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "enable.idempotence": True})
-    orders = [("o-1", "acme", 100), ("o-2", "acme", 250), ("o-3", "globex", -5)]
+    run = uuid.uuid4().hex[:8]  # a new batch of orders per run; its duplicates reuse its keys
+    orders = [(f"o-1-{run}", "acme", 100), (f"o-2-{run}", "acme", 250),
+              (f"o-3-{run}", "globex", -5)]
     for key, tenant, amount in orders + orders[:2]:  # the first two twice: duplicates
         producer.produce(
             "orders", key=key, value=json.dumps({"customer": tenant, "amount": amount}),
@@ -70,7 +77,7 @@ def produce() -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     handler = IdempotencyHandler(make_store(STORE_URL), lease_timeout=60, heartbeat_interval=15)
-    consumer = IdempotentConsumer(handler, operation="orders.charge", permanent=(InvalidOrder,))
+    consumer = IdempotentConsumer(handler, operation=OPERATION, permanent=(InvalidOrder,))
     loop = KafkaConsumerLoop(
         consumer,
         {"bootstrap.servers": BOOTSTRAP, "group.id": "orders-charger"},

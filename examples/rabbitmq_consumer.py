@@ -30,6 +30,11 @@ RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@localhost:5672
 STORE_URL = os.environ.get("STORE_URL", "postgresql+psycopg://postgres@localhost:5432/test")
 
 
+#: This example's own operation: the Kafka and RabbitMQ examples share the default store
+#: and order numbers, and must not replay each other's charges.
+OPERATION = "rabbitmq_example.orders.charge"
+
+
 class InvalidOrder(Exception):
     """A permanent failure: retrying cannot help, so the message is poisoned."""
 
@@ -57,7 +62,9 @@ def publish(loop: RabbitMQConsumerLoop) -> None:
     from kombu import Connection  # type: ignore[attr-defined]
 
     loop.declare()
-    orders = [("o-1", "acme", 100), ("o-2", "acme", 250), ("o-3", "globex", -5)]
+    run = uuid.uuid4().hex[:8]  # a new batch of orders per run; its duplicates reuse its keys
+    orders = [(f"o-1-{run}", "acme", 100), (f"o-2-{run}", "acme", 250),
+              (f"o-3-{run}", "globex", -5)]
     with Connection(RABBITMQ_URL) as conn:  # type: ignore[no-untyped-call]
         producer = conn.Producer()
         for key, tenant, amount in orders + orders[:2]:  # the first two twice: duplicates
@@ -72,7 +79,7 @@ def publish(loop: RabbitMQConsumerLoop) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     handler = IdempotencyHandler(make_store(STORE_URL), lease_timeout=60, heartbeat_interval=15)
-    consumer = IdempotentConsumer(handler, operation="orders.charge", permanent=(InvalidOrder,))
+    consumer = IdempotentConsumer(handler, operation=OPERATION, permanent=(InvalidOrder,))
     loop = RabbitMQConsumerLoop(
         consumer, RABBITMQ_URL, queue="orders", prefetch=16,
         on_outcome=lambda msg, out: print(f"tag {msg.offset}: {out.kind} {out.result or ''}"),

@@ -36,13 +36,21 @@ from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from .caches.redis import RedisCache
+    from .outbox import current_outbox
+    from .stores.async_redis import AsyncRedisStore
+    from .stores.async_sql import AsyncSQLStore
+    from .stores.dynamodb import DynamoDBStore
     from .stores.redis import RedisStore
     from .stores.sql import SQLStore
 
 _LAZY = {
     "SQLStore": (".stores.sql", "SQLStore", "postgres"),
     "RedisStore": (".stores.redis", "RedisStore", "redis"),
+    "AsyncSQLStore": (".stores.async_sql", "AsyncSQLStore", "postgres"),
+    "AsyncRedisStore": (".stores.async_redis", "AsyncRedisStore", "redis"),
     "RedisCache": (".caches.redis", "RedisCache", "redis"),
+    "DynamoDBStore": (".stores.dynamodb", "DynamoDBStore", "dynamodb"),
+    "current_outbox": (".outbox", "current_outbox", "postgres"),
 }
 
 
@@ -64,8 +72,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AsyncRedisStore",
+    "AsyncSQLStore",
     "ConfigurationError",
     "ConflictError",
+    "DynamoDBStore",
     "ErrorCode",
     "IdempotencyContext",
     "IdempotencyError",
@@ -96,5 +107,6 @@ __all__ = [
     "StoreUnavailableError",
     "create_logger_adapter",
     "current_context",
+    "current_outbox",
     "idempotency_error_status",
 ]

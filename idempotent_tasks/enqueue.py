@@ -12,13 +12,22 @@ enqueues nothing.
 Position: the n-th ``enqueue_once`` of the same task name and suffix within one execution
 of the body gets the n-th key, so a loop enqueuing one task per item works, provided the
 body enqueues in a deterministic order (or passes distinct ``key_suffix`` values).
+
+Inside a database transaction: an integration that owns transactions registers a
+:class:`PublishDeferrer` (the Django app does: ``transaction.on_commit``), and a message
+enqueued while one is open is published only once it commits — never for a body whose writes
+were rolled back, and never before the task could see them.  ``enqueue_once`` then returns
+what the publish will produce (the Celery ``AsyncResult`` of the task id it will use, the
+Dramatiq ``Message`` it will enqueue).
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 from ._core.context import current_context
 from ._core.errors import ConfigurationError
@@ -28,6 +37,25 @@ from ._core.records import IdempotencyContext
 _Positions = tuple[IdempotencyContext, dict[tuple[str, str], int]]
 _POSITIONS: ContextVar[_Positions | None] = ContextVar("idempotent_tasks_enqueue", default=None)
 _LOCK = threading.Lock()
+
+
+class PublishDeferrer(Protocol):
+    """Runs a publish once the current transaction commits."""
+
+    def __call__(self, publish: Callable[[], object]) -> bool:
+        """Arrange for ``publish()`` to run after the open transaction commits (and never if
+        it rolls back) and return True; return False, arranging nothing, when no transaction
+        is open (the caller then publishes at once)."""
+        ...
+
+
+_deferrer: PublishDeferrer | None = None
+
+
+def set_publish_deferrer(deferrer: PublishDeferrer | None) -> None:
+    """Install (or, with ``None``, remove) the process's publish deferrer."""
+    global _deferrer
+    _deferrer = deferrer
 
 
 def begin_enqueue_scope(ctx: IdempotencyContext) -> None:
@@ -91,6 +119,11 @@ def enqueue_once(task_or_actor: Any, *args: Any, key_suffix: str = "", **kwargs:
         )
     name = _task_name(task_or_actor)
     key = derive_task_key(ctx, name, key_suffix, _next_position(ctx, name, key_suffix))
+    deferrer = _deferrer
+    if deferrer is not None:
+        pending = _publish_later(deferrer, task_or_actor, args, kwargs, key, ctx.tenant)
+        if pending is not _NOT_DEFERRED:
+            return pending
     if callable(getattr(task_or_actor, "send_with_options", None)):
         return task_or_actor.send_with_options(
             args=args, kwargs=kwargs, idempotency_key=key, tenant=ctx.tenant
@@ -103,4 +136,34 @@ def enqueue_once(task_or_actor: Any, *args: Any, key_suffix: str = "", **kwargs:
     )
 
 
-__all__ = ["begin_enqueue_scope", "derive_task_key", "enqueue_once"]
+_NOT_DEFERRED: Any = object()
+
+
+def _publish_later(
+    deferrer: PublishDeferrer, task_or_actor: Any, args: tuple[Any, ...],
+    kwargs: dict[str, Any], key: str, tenant: str,
+) -> Any:
+    """Hand the publish to ``deferrer``; what it will produce, or ``_NOT_DEFERRED``."""
+    if callable(getattr(task_or_actor, "message_with_options", None)):
+        message = task_or_actor.message_with_options(
+            args=args, kwargs=kwargs, idempotency_key=key, tenant=tenant
+        )
+        if deferrer(lambda: task_or_actor.broker.enqueue(message)):
+            return message
+    elif callable(getattr(task_or_actor, "apply_async", None)):
+        headers = {KEY_OPTION: key, TENANT_OPTION: tenant}
+        task_id = str(uuid.uuid4())
+        if deferrer(lambda: task_or_actor.apply_async(
+            args, kwargs, headers=headers, task_id=task_id
+        )):
+            return task_or_actor.AsyncResult(task_id)
+    return _NOT_DEFERRED
+
+
+__all__ = [
+    "PublishDeferrer",
+    "begin_enqueue_scope",
+    "derive_task_key",
+    "enqueue_once",
+    "set_publish_deferrer",
+]

@@ -1,10 +1,18 @@
-"""Helpers for users' own tests: a controllable clock, a store that fails on demand, and a
-claim abandoned as a crashed worker leaves it."""
+"""Helpers for users' own tests: a controllable clock, a store that fails on demand, a claim
+abandoned as a crashed worker leaves it, a store of its own per test, and the assertions a
+test of an idempotent task makes (``assert_ran_once``, ``records``).
+
+The pytest plugin (``idempotent_tasks.pytest_plugin``, loaded automatically once the package
+is installed) builds its fixtures ``idempotency_store``, ``idempotency_handler`` and
+``idempotency_clock`` from these; see docs/testing.md.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ._core.drivers import drive
@@ -12,7 +20,9 @@ from ._core.errors import StoreUnavailableError
 from ._core.flow import claim_scope
 from ._core.handler import IdempotencyHandler
 from ._core.outcome import Outcome
+from ._core.records import Record, Status
 from .stores.base import Store
+from .stores.memory import MemoryStore
 
 
 class FakeClock:
@@ -84,3 +94,93 @@ def simulate_crash(
     assert call is not None
     claimed = drive(handler, claim_scope(handler, call))
     return claimed if isinstance(claimed, Outcome) else claimed.token
+
+
+# ----------------------------------------------------------------------------- for users' tests
+# What the pytest plugin (``idempotent_tasks.pytest_plugin``) builds its fixtures from, and
+# the assertions a test of an idempotent task makes; usable without pytest too.
+
+#: The store a test gets when it names none: a fresh in-process store.
+DEFAULT_TEST_STORE = "memory://"
+
+
+@contextmanager
+def isolated_store(url: str | None = None) -> Iterator[Store]:
+    """A store of its own for one test: ``memory://`` (the default) gives a fresh in-process
+    store; a ``sqlite://``, ``postgresql://`` or ``redis://`` URL gives that real store under
+    a table / key prefix no one else uses, with its schema created — and dropped, with every
+    record in it, when the block ends.  Nothing outside that prefix is read or written (a
+    SQLite file that did not exist is created, and stays, empty of tables)."""
+    from .stores.urls import store_from_url, url_scheme
+
+    target = url or DEFAULT_TEST_STORE
+    if url_scheme(target) == "memory":
+        yield MemoryStore()
+        return
+    store = store_from_url(target, prefix=f"test_{uuid.uuid4().hex[:12]}")
+    try:
+        store.create_schema()
+        yield store
+    finally:
+        try:
+            _drop(store)
+        finally:
+            store.close()
+
+
+def _drop(store: Store) -> None:
+    drop = getattr(store, "drop_schema", None)
+    if callable(drop):
+        drop()
+
+
+def records(
+    handler: IdempotencyHandler,
+    *,
+    status: Status | str | None = None,
+    operation: str | None = None,
+    tenant: str | None = None,
+) -> list[Record]:
+    """Every record of the handler's store (oldest first, expired ones included), optionally
+    only those with ``status`` (``"SUCCESS"``, ``"FAILED"``, ``"PROCESSING"``), ``operation``
+    or ``tenant``; each with its retry counter."""
+    wanted = None if status is None else Status(status)
+    out: list[Record] = []
+    while True:
+        page = handler.list_records(status=wanted, operation=operation, tenant=tenant,
+                                    limit=_PAGE, offset=len(out))
+        out.extend(page)
+        if len(page) < _PAGE:
+            return out
+
+
+_PAGE = 500
+
+
+def assert_ran_once(
+    handler: IdempotencyHandler, *, operation: str, tenant: str, key: str
+) -> Record:
+    """Assert that the scope's body ran exactly once and succeeded, however many deliveries
+    it had: the scope holds a SUCCESS record and counted no failed, crashed or taken-over
+    attempt (each of those ran the body, or may have, once more).  Returns the record.
+
+    What it cannot see: a run before the record expired and was purged (the store forgets
+    it); count calls in the body for that.
+    """
+    scope = f"tenant={tenant!r} operation={operation!r} key={key!r}"
+    record = handler.get_record(operation=operation, tenant=tenant, key=key)
+    if record is None:
+        count = handler.retry_count(operation=operation, tenant=tenant, key=key)
+        detail = f"{count} failed attempt(s) counted" if count else "it never ran"
+        raise AssertionError(f"no record for {scope}: {detail}")
+    if record.status is not Status.SUCCESS:
+        raise AssertionError(
+            f"{scope} is {record.status.value}, not SUCCESS "
+            f"(retry counter {record.retry_count})"
+        )
+    if record.retry_count:
+        raise AssertionError(
+            f"{scope} succeeded after {record.retry_count} counted failed or crashed "
+            f"attempt(s): its body ran up to {record.retry_count + 1} times"
+        )
+    return record

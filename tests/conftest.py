@@ -10,9 +10,10 @@ from idempotent_tasks import MemoryStore
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock
 
+from ._private_postgres import private_postgres  # noqa: F401  (the session's own cluster)
 from ._services import POSTGRES_URL, REDIS_URL, require
 
-STORE_KINDS = ["memory", "sqlite", "postgres", "redis"]
+STORE_KINDS = ["memory", "sqlite", "postgres", "redis", "mysql", "dynamodb"]
 
 
 def unique_prefix(base: str = "t") -> str:
@@ -43,6 +44,13 @@ def make_store(kind: str, tmp_path: Path) -> Store:
         rs = RedisStore(REDIS_URL, prefix=unique_prefix("it"))
         rs.create_schema()
         return rs
+    if kind in ("mysql", "dynamodb"):  # MariaDB and moto_server: tests/stores/_backends.py
+        from .stores import _backends
+
+        made: Store = (
+            _backends.make_mysql_store() if kind == "mysql" else _backends.make_dynamodb_store()
+        )
+        return made
     raise ValueError(kind)
 
 

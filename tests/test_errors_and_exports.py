@@ -12,6 +12,7 @@ DESIGN_NAMES = {
     "IdempotencyHandler", "IdempotencyError", "ErrorCode", "Status", "Record", "MemoryStore",
     "SQLStore", "RedisStore", "MemoryCache", "RedisCache", "PrometheusMetrics",
     "create_logger_adapter", "idempotency_error_status", "current_context", "IdempotencyContext",
+    "AsyncSQLStore", "AsyncRedisStore",
 }
 
 

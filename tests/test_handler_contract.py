@@ -1,5 +1,8 @@
 """The production guide's testing checklist, run against every store (memory, SQLite,
-PostgreSQL, Redis).  Race windows are forced with events, never with sleeps."""
+PostgreSQL, Redis) and every async store (``AsyncSQLStore``, ``AsyncRedisStore``: there each
+call goes through the handler's async face, ``execute_async`` / ``run_many_async`` /
+``get_record_async`` …, see ``tests._async_stores.HandlerFacade``).  Race windows are forced
+with events, never with sleeps."""
 
 from __future__ import annotations
 
@@ -8,7 +11,9 @@ import decimal
 import enum
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +27,20 @@ from idempotent_tasks import (
     current_context,
 )
 from idempotent_tasks.stores.base import Store
-from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
+from idempotent_tasks.testing import FakeClock, FaultyStore
+
+from ._async_stores import (
+    ASYNC_STORE_KINDS,
+    AsyncFaultyStore,
+    HandlerFacade,
+    LoopThread,
+    crash,
+    drop_async_store,
+    is_async,
+    loop_of,
+    make_async_store,
+)
+from .conftest import STORE_KINDS, drop_store, make_store, unique_prefix
 
 
 class ValidationError(Exception):
@@ -33,10 +51,43 @@ class Flaky(Exception):
     pass
 
 
-def make_handler(store: Any, clock: FakeClock, **kw: Any) -> IdempotencyHandler:
+@pytest.fixture(params=STORE_KINDS + ASYNC_STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
+    """A sync store, or an async one living on a loop thread of its own."""
+    if store_kind not in ASYNC_STORE_KINDS:
+        s = make_store(store_kind, tmp_path)
+        try:
+            yield s
+        finally:
+            drop_store(s)
+        return
+    loop = LoopThread()
+    try:
+        inner = make_async_store(store_kind, unique_prefix("ah"), loop)
+        try:
+            yield inner
+        finally:
+            drop_async_store(inner)
+    finally:
+        loop.close()
+
+
+def make_handler(store: Any, clock: FakeClock, **kw: Any) -> Any:
+    """The handler (a :class:`HandlerFacade` over it on an async store)."""
     kw.setdefault("metrics", None)
     kw.setdefault("outcome_retry_timeout", 0.2)
-    return IdempotencyHandler(store, clock=clock, lease_timeout=30, ttl=3600, **kw)
+    h = IdempotencyHandler(store, clock=clock, lease_timeout=30, ttl=3600, **kw)
+    return HandlerFacade(h, loop_of(store)) if is_async(store) else h
+
+
+def faulty_of(store: Any) -> Any:
+    return AsyncFaultyStore(store) if is_async(store) else FaultyStore(store)
 
 
 @pytest.fixture
@@ -217,7 +268,7 @@ def test_per_call_max_retries(handler: IdempotencyHandler) -> None:
 
 
 def test_store_down_fails_closed(store: Store, clock: FakeClock) -> None:
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     h = make_handler(faulty, clock)
     faulty.fail("create")
     body = Counter()
@@ -230,7 +281,7 @@ def test_store_down_fails_closed(store: Store, clock: FakeClock) -> None:
 
 
 def test_outcome_not_recorded_keeps_processing_until_lease(store: Store, clock: FakeClock) -> None:
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     h = make_handler(faulty, clock)
     faulty.fail("mark_success")
     body = Counter()
@@ -269,7 +320,7 @@ def test_cache_down_still_works(store: Store, clock: FakeClock) -> None:
 
 
 def test_cache_replays_without_store(store: Store, clock: FakeClock) -> None:
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     h = make_handler(faulty, clock, cache=MemoryCache(clock=clock))
     body = Counter({"v": 1})
     fresh = run(h, body)
@@ -289,7 +340,7 @@ def test_keys_isolated_per_tenant_and_operation(handler: IdempotencyHandler) -> 
 
 
 def test_recovery_unblocks_crashed_key(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1",
+    crash(handler, operation="payments.charge", tenant="acme", key="k1",
                    payload={"amount": 100})  # a worker claimed it, then died
     assert handler.recover_stuck_records() == 0  # lease still live
     clock.advance(31)
@@ -303,7 +354,7 @@ def test_recovery_unblocks_crashed_key(handler: IdempotencyHandler, clock: FakeC
 
 
 def test_recovery_timeout_filters_on_heartbeat(handler: IdempotencyHandler, clock: FakeClock) -> None:
-    simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1")
+    crash(handler, operation="payments.charge", tenant="acme", key="k1")
     clock.advance(31)
     assert handler.recover_stuck_records(timeout=60) == 0
     clock.advance(30)
@@ -312,7 +363,7 @@ def test_recovery_timeout_filters_on_heartbeat(handler: IdempotencyHandler, cloc
 
 def test_recovery_on_stuck_fail_poisons(store: Store, clock: FakeClock) -> None:
     h = make_handler(store, clock, on_stuck="fail")
-    simulate_crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
+    crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
     clock.advance(31)
     assert h.recover_stuck_records() == 1
     with pytest.raises(IdempotencyError) as ei:
@@ -322,7 +373,7 @@ def test_recovery_on_stuck_fail_poisons(store: Store, clock: FakeClock) -> None:
 
 def test_expired_lease_taken_over_counts_and_poisons(handler: IdempotencyHandler, clock: FakeClock) -> None:
     for attempt in range(1, 4):  # three runs, each crashing
-        simulate_crash(handler, operation="payments.charge", tenant="acme", key="k1",
+        crash(handler, operation="payments.charge", tenant="acme", key="k1",
                        payload={"amount": 100})
         rec = handler.get_record(operation="payments.charge", tenant="acme", key="k1")
         assert rec is not None and rec.retry_count == attempt - 1
@@ -336,7 +387,7 @@ def test_expired_lease_taken_over_counts_and_poisons(handler: IdempotencyHandler
 
 def test_on_stuck_fail_duplicate_poisons(store: Store, clock: FakeClock) -> None:
     h = make_handler(store, clock)
-    simulate_crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
+    crash(h, operation="payments.charge", tenant="acme", key="k1", payload={"amount": 100})
     clock.advance(31)
     body = Counter()
     with pytest.raises(IdempotencyError) as ei:
@@ -386,15 +437,16 @@ def test_stale_owner_failure_is_not_counted_twice(handler: IdempotencyHandler, c
 
 def test_heartbeat_keeps_long_body_alive(store: Store, clock: FakeClock) -> None:
     beats = threading.Event()
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     faulty.before["heartbeat"] = beats.set
-    h = IdempotencyHandler(faulty, clock=clock, lease_timeout=30, heartbeat_interval=0.02, metrics=None)
+    h = make_handler(faulty, clock, heartbeat_interval=0.02)
     long = PausedRun(h, "long")
     clock.advance(25)
     for _ in range(2):  # the second beat surely read the clock after the advance
         beats.clear()
         assert beats.wait(5)  # so a renewal at now=+25 happened …
-    rec = store.get(h.prepare("payments.charge", "acme", "k1", {"amount": 100}, True).scope)  # type: ignore[union-attr]
+    scope = h.prepare("payments.charge", "acme", "k1", {"amount": 100}, True).scope
+    rec = loop_of(store).run(store.get(scope)) if is_async(store) else store.get(scope)
     assert rec is not None and rec.lease_expires_at is not None
     clock.advance(10)  # … so at +35 the lease is still live
     with pytest.raises(IdempotencyError) as ei:
@@ -478,7 +530,7 @@ def test_unpoison_resets(handler: IdempotencyHandler) -> None:
 
 
 def test_execute_in_transaction_refused_on_non_sql(store_kind: str, handler: IdempotencyHandler) -> None:
-    if store_kind in ("sqlite", "postgres"):  # SQL stores support it (tests/test_transactional.py)
+    if store_kind in ("sqlite", "postgres", "mysql", "async_postgres"):  # SQL stores support it (tests/test_transactional.py)
         assert handler.execute_in_transaction(lambda conn: 1, operation="op", tenant="t", key="k") == 1
         return
     with pytest.raises(IdempotencyError) as ei:
@@ -506,7 +558,8 @@ def test_execute_async(handler: IdempotencyHandler) -> None:
             for _ in range(2)
         ]
 
-    assert asyncio.run(main()) == [{"async": 1}, {"async": 1}]
+    ran = handler.loop.run(main()) if isinstance(handler, HandlerFacade) else asyncio.run(main())
+    assert ran == [{"async": 1}, {"async": 1}]
     assert calls == 1
 
 
@@ -554,7 +607,7 @@ def _calls(*keys: str) -> list[dict[str, Any]]:
 def test_run_many_with_batch_completion_records_every_success_in_one_store_call(
     store: Store, clock: FakeClock
 ) -> None:
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     h = make_handler(faulty, clock)
     outcomes = h.run_many(_calls("a", "b", "c"), lambda c: {"key": c["key"], "t": (1, 2)},
                           batch_completion=True)
@@ -576,7 +629,7 @@ def test_run_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -
             return object()
         if c["key"] == "stale":  # every lease expires; another attempt takes "stale" over
             clock.advance(31)
-            newer.append(simulate_crash(h, operation="payments.charge", tenant="acme",
+            newer.append(crash(h, operation="payments.charge", tenant="acme",
                                         key="stale", payload={"amount": 1}))
             return 3
         return 1
@@ -598,7 +651,7 @@ def test_run_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -
 def test_run_many_with_the_store_down_reports_each_scope_not_recorded(
     store: Store, clock: FakeClock
 ) -> None:
-    faulty = FaultyStore(store)
+    faulty = faulty_of(store)
     h = make_handler(faulty, clock)
     faulty.fail("mark_success_many")
     outcomes = h.run_many(_calls("a", "b"), lambda c: 1, batch_completion=True)

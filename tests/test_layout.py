@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "idempotent_tasks"
-INTEGRATIONS = ("celery", "dramatiq", "http", "consumers", "cli", "demo")
+INTEGRATIONS = ("celery", "dramatiq", "http", "consumers", "cli", "demo", "django", "faststream",
+                "taskiq")
 MAX_MODULE_LINES = 420
 MAX_FUNCTION_LINES = 60
 

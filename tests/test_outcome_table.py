@@ -116,6 +116,42 @@ def test_celery_row(kind: str) -> None:
         task.pop_request()
 
 
+def test_celery_stale_owner_comes_back_instead_of_acking() -> None:
+    """A stale owner (its SUCCESS refused: another attempt took the scope over) must not
+    ack: on the Redis broker the ack would delete the new owner's unacked entry."""
+    from celery import Celery
+    from celery.exceptions import Retry
+
+    from idempotent_tasks.celery import IdempotentTask, setup
+    from idempotent_tasks.celery._delivery import Delivery
+    from idempotent_tasks.celery._outcomes import apply
+
+    clock = FakeClock()
+    handler = IdempotencyHandler(MemoryStore(), metrics=None, clock=clock, lease_timeout=10)
+    key = uuid.uuid4().hex
+
+    def paused() -> str:  # frozen past its lease; meanwhile another attempt takes over
+        clock.advance(11)
+        simulate_crash(handler, operation="table.stale", tenant="acme", key=key)
+        return "mine"
+
+    outcome = handler.run(paused, operation="table.stale", tenant="acme", key=key)
+    assert (outcome.kind, outcome.lease_lost, outcome.result) == ("executed", True, "mine")
+    app = Celery("stale", broker="memory://", set_as_current=False)
+    setup(app, handler, beat=False, default_tenant="acme")
+
+    @app.task(base=IdempotentTask, name="table.stale", shared=False, wait_backoff=(1.0, 2.0))
+    def task() -> None: ...
+
+    task.push_request(id=uuid.uuid4().hex, retries=0, is_eager=False, called_directly=False,
+                      delivery_info={"routing_key": "celery"})
+    try:
+        with pytest.raises(Retry):
+            apply(Delivery(task, (), {}, handler, "acme", key, None), outcome)
+    finally:
+        task.pop_request()
+
+
 # -- Dramatiq ----------------------------------------------------------------------------
 dramatiq = pytest.importorskip("dramatiq")
 

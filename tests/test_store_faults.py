@@ -6,15 +6,16 @@ What must hold (docs/design.md, "The algorithm", step 7): a store that cannot be
 never a hang; once the store is back, the very next calls work with no manual step; a
 connection lost while the body ran is retried (bounded) for the outcome write.
 
-Slow and dropped links go through :class:`tests._proxy.TCPProxy`.  PostgreSQL is the shared
-server (restarted with ``pg_ctlcluster`` and always left running); Redis restarts use a
-private ``redis-server`` on a free port (the shared 6379 is never touched).
+Slow and dropped links go through :class:`tests._proxy.TCPProxy`.  The PostgreSQL restart
+runs against the session's private cluster (``tests/_private_postgres.py``; the machine's
+PostgreSQL is never restarted), and each half of it is verified: the postmaster is gone and a
+connection is refused, then a new postmaster (a new pid) serves.  Redis restarts use a private
+``redis-server`` on a free port (the shared 6379 is never touched).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FaultyStore
 
+from ._private_postgres import PrivatePostgres, refused
 from ._proxy import TCPProxy
 from ._services import POSTGRES_URL, REDIS_URL, reachable, require
 from .conftest import drop_store, unique_prefix
@@ -319,37 +321,23 @@ def test_exhausted_pool_fails_closed_within_the_timeout(kind: str, tmp_path: Pat
 
 
 # -- PostgreSQL restarted ------------------------------------------------------------------------
-def pg_ctl(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action, "-m", "fast"]
-        if action != "start"
-        else ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True, capture_output=True, timeout=60,
-    )
-
-
-def pg_ready() -> bool:
-    port = str(sa.make_url(POSTGRES_URL).port or 5432)
-    ready = subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", port], check=False)
-    return ready.returncode == 0
-
-
-def test_postgres_restart_mid_run_fails_closed_then_recovers() -> None:
-    require("postgres")
-    if shutil.which("pg_ctlcluster") is None or not os.path.isdir("/etc/postgresql"):
-        pytest.skip("PostgreSQL is not managed by pg_ctlcluster on this machine")
-    store = build_store("postgres")
+def test_postgres_restart_mid_run_fails_closed_then_recovers(
+    private_postgres: PrivatePostgres,
+) -> None:
+    pg = private_postgres
+    store = build_store("postgres", pg.port)
     h = make_handler(store)
     first = Body("first")
     assert run(h, first, "before-restart") == "first"  # pooled connection to the old server
+    old_pid = pg.postmaster_pid()
     try:
-        pg_ctl("stop")  # the restart, first half: the server is gone
+        pg.stop()  # the restart, first half: the server is gone
+        assert pg.postmaster_pid() is None and refused(pg.port), "PostgreSQL did not stop"
         assert_fails_closed(h, "during-restart")  # the dead pooled connection
         assert_fails_closed(h, "during-restart")  # connection refused
     finally:
-        pg_ctl("start")  # always leave PostgreSQL running
-        wait_until(pg_ready, "PostgreSQL to accept connections")
+        pg.ensure_running()  # always leave it running
+    assert pg.postmaster_pid() not in (None, old_pid), "no new postmaster"
     try:
         body = Body("after")
         assert run(h, body, "during-restart") == "after" and body.runs == 1  # the very next call

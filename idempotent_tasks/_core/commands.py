@@ -5,11 +5,17 @@ has the command's exception thrown into it).  Each command knows how to run itse
 synchronous path (``sync``) and on an event loop (``run_async``), so the two drivers in
 :mod:`.drivers` are a few lines each and the algorithm is written once — the separation of
 protocol from I/O that h11 and h2 use.
+
+On the event loop nothing blocks: an async store's calls (and its body transaction) are
+awaited on the loop, with no thread hop; a sync store's calls, and a cache that may block,
+run on the handler's bounded executor (:mod:`.offload`); an in-process cache
+(``MemoryCache``) is called inline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .context import CURRENT_CONTEXT
 from .heartbeat import Lease
-from .records import IdempotencyContext
+from .records import IdempotencyContext, LazyCountContext
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -32,7 +38,8 @@ class Command:
         raise NotImplementedError
 
     async def run_async(self, engine: Engine) -> Any:
-        return await asyncio.to_thread(self.sync, engine)
+        """By default, ``sync`` on the handler's executor (never on the loop's thread)."""
+        return await engine.offloader.run(self.sync, engine)
 
 
 class StoreCall(Command):
@@ -77,6 +84,15 @@ class CacheGet(Command):
         assert engine.cache is not None
         return engine.cache.get(self.key)
 
+    async def run_async(self, engine: Engine) -> bytes | None:
+        mode = engine.cache_mode
+        if mode == "inline":
+            return self.sync(engine)
+        if mode == "async":
+            value: bytes | None = await engine.cache.get(self.key)  # type: ignore[misc,union-attr]
+            return value
+        return await engine.offloader.run(self.sync, engine)
+
 
 class CachePut(Command):
     __slots__ = ("key", "ttl", "value")
@@ -89,6 +105,15 @@ class CachePut(Command):
     def sync(self, engine: Engine) -> None:
         assert engine.cache is not None
         engine.cache.set(self.key, self.value, self.ttl)
+
+    async def run_async(self, engine: Engine) -> None:
+        mode = engine.cache_mode
+        if mode == "inline":
+            self.sync(engine)
+        elif mode == "async":
+            await engine.cache.set(self.key, self.value, self.ttl)  # type: ignore[misc,union-attr]
+        else:
+            await engine.offloader.run(self.sync, engine)
 
 
 class RunBody(Command):
@@ -123,9 +148,12 @@ class RunBody(Command):
                 heartbeat.unregister(ident)  # type: ignore[union-attr]
 
     async def run_async(self, engine: Engine) -> Any:
-        if self.context is None:
+        context = self.context
+        if context is None:
             return await self.fn(*self.args)
-        reset = CURRENT_CONTEXT.set(self.context)
+        if type(context) is LazyCountContext:
+            context.bind_loop(asyncio.get_running_loop())
+        reset = CURRENT_CONTEXT.set(context)
         heartbeat, ident = engine.heartbeat, None
         if heartbeat is not None and self.lease is not None:
             ident = heartbeat.register(self.lease)
@@ -147,6 +175,12 @@ class TxBegin(Command):
         cm = engine.store.body_transaction()  # type: ignore[attr-defined]
         return cm, cm.__enter__()
 
+    async def run_async(self, engine: Engine) -> tuple[Any, Any]:
+        if not engine.io.native_async:
+            return await engine.offloader.run(self.sync, engine)
+        cm = engine.store.body_transaction()  # type: ignore[attr-defined]
+        return cm, await cm.__aenter__()
+
 
 class TxCall(Command):
     """``tx.<name>(*args, **kwargs)`` on the open body transaction (it translates its own
@@ -162,6 +196,12 @@ class TxCall(Command):
 
     def sync(self, engine: Engine) -> Any:
         return getattr(self.tx, self.name)(*self.args, **self.kwargs)
+
+    async def run_async(self, engine: Engine) -> Any:
+        if not engine.io.native_async:
+            return await engine.offloader.run(self.sync, engine)
+        result = self.sync(engine)  # an async transaction's methods are coroutines
+        return await result if inspect.isawaitable(result) else result
 
 
 class TxEnd(Command):
@@ -180,6 +220,17 @@ class TxEnd(Command):
             self.cm.__exit__(None, None, None)
         else:
             self.cm.__exit__(type(exc), exc, exc.__traceback__)
+
+    async def run_async(self, engine: Engine) -> None:
+        if not engine.io.native_async:
+            await engine.offloader.run(self.sync, engine)
+            return
+        cm: Any = self.cm
+        exc = self.error
+        if exc is None:
+            await cm.__aexit__(None, None, None)
+        else:
+            await cm.__aexit__(type(exc), exc, exc.__traceback__)
 
 
 __all__ = [

@@ -7,16 +7,18 @@ an event loop.  :class:`~idempotent_tasks.IdempotencyHandler` is the public face
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..typing import OnStuck, Options, Seconds, seconds
 from .errors import ConfigurationError, ErrorCode, IdempotencyError, InvalidInputError, make_error
-from .heartbeat import HeartbeatThread, Lease
+from .heartbeat import AsyncHeartbeat, HeartbeatThread, Lease
 from .instrumented import InstrumentedStore
 from .logging import Logger, default_logger
 from .metrics import Metrics, NoMetrics, default_metrics
+from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS, Offloader
 from .records import Record, Scope, StoredRecord
 from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
 from .validation import validate_key, validate_operation, validate_tenant
@@ -86,6 +88,7 @@ class Engine:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         outcome_retry_timeout: Seconds = DEFAULT_OUTCOME_RETRY_TIMEOUT,
+        async_executor_threads: int = DEFAULT_ASYNC_EXECUTOR_THREADS,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -106,15 +109,23 @@ class Engine:
         self.max_payload_bytes = max_payload_bytes
         self.max_response_bytes = max_response_bytes
         self.outcome_retry_timeout = seconds(outcome_retry_timeout)
+        #: The thread-hop path's own bounded executor (a sync store under ``run_async``).
+        self.offloader = Offloader(async_executor_threads)
         #: Every store call goes through this wrapper: timed, counted, translated.
-        self.io = InstrumentedStore(store, self.metrics, self.log)
+        self.io = InstrumentedStore(store, self.metrics, self.log, self.offloader.run)
+        #: How the async path calls the cache: ``inline`` (in-process, never blocks),
+        #: ``async`` (its methods are coroutines) or ``offload`` (the executor).
+        self.cache_mode: Literal["inline", "async", "offload"] = _cache_mode(cache)
         self._operations: dict[str, Options] = {}
         self._accepted: dict[str, str] = {}
-        self.heartbeat = (
-            HeartbeatThread(self.heartbeat_interval, self._renew)
-            if self.heartbeat_interval is not None
-            else None
-        )
+        interval = self.heartbeat_interval
+        self.heartbeat: HeartbeatThread | AsyncHeartbeat | None = None
+        if interval is not None:
+            self.heartbeat = (
+                AsyncHeartbeat(interval, self._renew_async)
+                if self.io.native_async
+                else HeartbeatThread(interval, self._renew)
+            )
 
     # ------------------------------------------------------------------ options
     def register_operation(
@@ -277,23 +288,83 @@ class Engine:
             return 0
         return count
 
-    def _renew(self, lease: Lease) -> bool:
-        now = self.clock()
+    async def read_count_async(self, scope: Scope) -> int:
+        """``read_count`` from a coroutine: awaited on an async store, on the executor on a
+        sync one — never a blocking call on the loop's thread."""
         try:
-            ok: bool = self.io.call(
-                "heartbeat", (lease.scope,),
-                {"token": lease.token, "now": now, "lease_expires_at": now + lease.lease_timeout},
+            count: int = await self.io.call_async("get_retry_count", (scope,), {})
+        except IdempotencyError:
+            return 0
+        return count
+
+    def read_count_from(self, scope: Scope, loop: asyncio.AbstractEventLoop) -> int:
+        """The counter for a body running on ``loop``, read synchronously from another
+        thread; on the loop's own thread it would block every coroutine: refused."""
+        if _running_loop() is loop:
+            raise ConfigurationError(
+                "reading current_context().retry_count on the event loop would block it "
+                "with a store call: use `await current_context().retry_count_async()`",
+                tenant=scope.tenant, operation=scope.operation, key=scope.key,
             )
+        if not self.io.native_async:
+            return self.read_count(scope)
+        if loop.is_closed():
+            return 0
+        future = asyncio.run_coroutine_threadsafe(self.read_count_async(scope), loop)
+        return future.result()
+
+    def _renew_params(self, lease: Lease) -> dict[str, Any]:
+        now = self.clock()
+        return {"token": lease.token, "now": now, "lease_expires_at": now + lease.lease_timeout}
+
+    def _renew(self, lease: Lease) -> bool:
+        try:
+            ok: bool = self.io.call("heartbeat", (lease.scope,), self._renew_params(lease))
         except IdempotencyError:
             return True  # keep trying; the lease decides if the store stays away
         if not ok:
-            s = lease.scope
-            self.log.warning("heartbeat_refused", tenant=s.tenant, operation=s.operation, key=s.key)
+            self._refused(lease)
         return ok
 
+    async def _renew_async(self, lease: Lease) -> bool:
+        try:
+            ok: bool = await self.io.call_async(
+                "heartbeat", (lease.scope,), self._renew_params(lease)
+            )
+        except IdempotencyError:
+            return True
+        if not ok:
+            self._refused(lease)
+        return ok
+
+    def _refused(self, lease: Lease) -> None:
+        s = lease.scope
+        self.log.warning("heartbeat_refused", tenant=s.tenant, operation=s.operation, key=s.key)
+
     def close(self) -> None:
+        """Stop the heartbeat and let the executor's threads end (the store stays open: it
+        belongs to the caller)."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        self.offloader.shutdown()
+
+
+def _cache_mode(cache: Any) -> Literal["inline", "async", "offload"]:
+    """How the async path may call ``cache`` without blocking the event loop."""
+    if cache is None or getattr(cache, "is_async", False):
+        return "async"
+    from ..caches.memory import MemoryCache
+
+    if isinstance(cache, MemoryCache) or getattr(cache, "in_process", False):
+        return "inline"
+    return "offload"
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _heartbeat_interval(value: Seconds | None, defaults: Options) -> float | None:

@@ -290,12 +290,12 @@ def unkeyed(
 # ---------------------------------------------------------------------- the body
 def body_context(engine: Engine, call: Call, claim: Claim) -> IdempotencyContext:
     """What ``current_context()`` returns inside the body: a fresh claim's counter is read
-    only if someone asks for it (it costs a round trip)."""
+    only if someone asks for it (it costs a round trip; on an event loop it is awaited, see
+    :class:`~.records.LazyCountContext`)."""
     scope = call.scope
     return LazyCountContext(
         scope.tenant, scope.operation, scope.key, call.request_hash, "executing",
-        claim.retry_count, claim.token,
-        load=None if claim.counted else lambda: engine.read_count(scope),
+        claim.retry_count, claim.token, reader=None if claim.counted else engine, scope=scope,
     )
 
 

@@ -3,7 +3,12 @@
 ``run`` / ``run_async`` / ``run_many`` return an :class:`~idempotent_tasks.Outcome` and never
 raise for an expected one; ``execute`` / ``execute_async`` / ``execute_in_transaction`` are
 ``run(...).unwrap()``.  Every integration calls these (and the maintenance and operator
-methods below) and nothing else: the algorithm lives in one place.
+methods of :class:`~.admin.Maintenance`) and nothing else: the algorithm lives in one place.
+
+With an async store (``is_async``) ``run_async`` / ``execute_async`` / ``run_many_async``
+await every store call on the running loop (no thread hop); the sync calls refuse with
+``CONFIGURATION_ERROR`` naming the call to use.  With a sync store they run its calls on the
+handler's bounded executor (``async_executor_threads``, :mod:`.offload`).
 """
 
 from __future__ import annotations
@@ -12,23 +17,21 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..stores.base import TransactionalStore
-from ..typing import OnStuck, Permanent, Seconds, seconds
-from . import maintenance
+from ..typing import OnStuck, Permanent, Seconds
+from .admin import Maintenance
 from .batch import Entry, Mode, execute_many
-from .commands import Command, StoreCall
+from .commands import Command
 from .drivers import drive, drive_async
-from .engine import Engine
 from .errors import ConfigurationError, IdempotencyError
 from .flow import execute, unkeyed
 from .outcome import Outcome, refusal_kind
-from .records import Record, Status, StoredRecord
 from .transactional import execute_in_transaction, unkeyed_in_transaction
 
 T = TypeVar("T")
 Flow = Generator[Command, Any, Outcome]
 
 
-class IdempotencyHandler(Engine):
+class IdempotencyHandler(Maintenance):
     """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm)."""
 
     # ------------------------------------------------------------------ running bodies
@@ -73,7 +76,9 @@ class IdempotencyHandler(Engine):
         on_stuck: OnStuck | None = None,
     ) -> Outcome:
         """``run`` for a coroutine function: ``afn`` is awaited on the running loop; store
-        calls are awaited on an async store and off-loaded to a thread on a sync one."""
+        calls are awaited on an async store (no thread hop) and run on the handler's bounded
+        executor on a sync one.  ``transactional=True`` needs an ``AsyncSQLStore``: ``afn``
+        then gets the transaction's ``psycopg.AsyncConnection``."""
         flow = self._flow(
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
@@ -100,15 +105,40 @@ class IdempotencyHandler(Engine):
         ``batch_completion=True`` writes the successes together after the bodies: a crash
         between a body and that write re-runs the body once its lease expires, so the
         at-least-once window of plain bodies grows from one call to one batch."""
+        flow = self._batch(calls, fn, permanent, transactional, batch_completion, False)
+        return drive(self, flow)
+
+    async def run_many_async(
+        self,
+        calls: Sequence[Mapping[str, Any]],
+        afn: Callable[..., Awaitable[Any]],
+        *,
+        permanent: Permanent = (),
+        transactional: bool = False,
+        batch_completion: bool = False,
+    ) -> list[Outcome]:
+        """``run_many`` for a coroutine body ``afn(call)`` (``afn(call, conn)`` with
+        ``transactional=True``, on an ``AsyncSQLStore``); the same one claim round trip."""
+        flow = self._batch(calls, afn, permanent, transactional, batch_completion, True)
+        return await drive_async(self, flow)
+
+    def _batch(
+        self,
+        calls: Sequence[Mapping[str, Any]],
+        fn: Callable[..., Any],
+        permanent: Permanent,
+        transactional: bool,
+        batch_completion: bool,
+        on_loop: bool,
+    ) -> Generator[Command, Any, list[Outcome]]:
         if transactional and batch_completion:
             raise ConfigurationError(
                 "batch_completion=True cannot be combined with transactional=True: each "
                 "success commits with its own body's transaction"
             )
-        refusal = self._transactional_refusal(transactional, False)
+        refusal = self._transactional_refusal(transactional, on_loop, "run_many_async")
         entries = [self._entry(item, refusal) for item in calls]
-        mode = Mode(permanent, transactional, batch_completion)
-        return drive(self, execute_many(self, entries, fn, mode))
+        return execute_many(self, entries, fn, Mode(permanent, transactional, batch_completion))
 
     def execute(
         self,
@@ -182,11 +212,6 @@ class IdempotencyHandler(Engine):
         ).unwrap()
         return result
 
-    @property
-    def supports_transactions(self) -> bool:
-        """True when the store can run bodies in its own transaction (``transactional=True``)."""
-        return isinstance(self.store, TransactionalStore)
-
     # ------------------------------------------------------------------ building a flow
     def _flow(
         self,
@@ -224,14 +249,17 @@ class IdempotencyHandler(Engine):
             return unkeyed(self, operation, fn, permanent)
         return execute(self, call, fn, permanent)
 
-    def _transactional_refusal(self, transactional: bool, on_loop: bool) -> IdempotencyError | None:
+    def _transactional_refusal(
+        self, transactional: bool, on_loop: bool, twin: str = "run_async"
+    ) -> IdempotencyError | None:
         """CONFIGURATION_ERROR for a call this store cannot honour (checked before I/O)."""
         store = self.store
         if self.io.native_async and not on_loop:
-            return ConfigurationError(
-                f"{type(store).__name__} is an async store: use `await handler.run_async(...)` "
-                "or `await handler.execute_async(...)`"
+            calls = (
+                "`await handler.run_async(...)` or `await handler.execute_async(...)`"
+                if twin == "run_async" else f"`await handler.{twin}(...)`"
             )
+            return ConfigurationError(f"{type(store).__name__} is an async store: use {calls}")
         if transactional and not isinstance(store, TransactionalStore):
             return ConfigurationError(
                 f"transactional bodies need a SQL store; {type(store).__name__} cannot share a "
@@ -259,88 +287,6 @@ class IdempotencyHandler(Engine):
         except IdempotencyError as err:
             return _rejected(err, operation, tenant, key)
         return Entry(item, call.scope.operation if call else str(operation), call)
-
-    # ------------------------------------------------------------------ maintenance
-    def get_record(self, *, operation: str, tenant: str, key: str) -> Record | None:
-        """The live record of a scope (an expired one counts as absent), counter included."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return drive(self, maintenance.get_record(self, scope))
-
-    def recover_stuck_records(self, timeout: Seconds | None = None, limit: int = 100) -> int:
-        """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last
-        heartbeat is older than it): count the crashed attempt and release or poison
-        (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
-        timeout_s = None if timeout is None else seconds(timeout)
-        return drive(self, maintenance.recover(self, timeout_s, limit))
-
-    def cleanup_expired_records(self, limit: int = 500) -> int:
-        """Purge expired SUCCESS/FAILED records and stale counters; returns records purged."""
-        return drive(self, maintenance.cleanup(self, limit))
-
-    def unpoison(self, *, operation: str, tenant: str, key: str, actor: str = "operator") -> Record:
-        """Delete a FAILED record and reset its counter (audited); RECORD_NOT_FOUND if absent."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return drive(self, maintenance.unpoison(self, scope, actor))
-
-    # ------------------------------------------------------------------ operators
-    def list_records(
-        self,
-        *,
-        status: Status | None = None,
-        operation: str | None = None,
-        tenant: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[Record]:
-        """A page of records (oldest first), each with its counter, for operators."""
-        rows: list[StoredRecord] = self._admin(
-            "list_records", status=status, operation=operation, tenant=tenant, limit=limit,
-            offset=offset,
-        )
-        return [self.to_record(r, self._admin("get_retry_count", r.scope)) for r in rows]
-
-    def find_stuck_records(
-        self, *, timeout: Seconds | None = None, limit: int = 100
-    ) -> list[Record]:
-        """What ``recover_stuck_records`` would handle now, without changing anything."""
-        now = self.clock()
-        before = None if timeout is None else now - seconds(timeout)
-        rows: list[StoredRecord] = self._admin(
-            "find_stuck", now=now, heartbeat_before=before, limit=limit
-        )
-        return [self.to_record(r, self._admin("get_retry_count", r.scope)) for r in rows]
-
-    def record_counts(self) -> Mapping[tuple[str, Status], int]:
-        """Counts of records by (operation, status)."""
-        counts: Mapping[tuple[str, Status], int] = self._admin("stats")
-        return counts
-
-    def create_schema(self) -> None:
-        """Create the store's tables / scripts if missing (``idempotent-tasks migrate``)."""
-        self._admin("create_schema")
-
-    def try_lock(self, name: str, *, owner: str, ttl: float) -> bool:
-        """A named lease in the store (maintenance jobs): True if ``owner`` holds it now."""
-        held: bool = self._admin("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
-        return held
-
-    def unlock(self, name: str, *, owner: str) -> None:
-        self._admin("release_lock", name, owner=owner)
-
-    # -- added for the CLI (``inspect``/``unpoison`` of a scope without a record) ----------
-    def retry_count(self, *, operation: str, tenant: str, key: str) -> int:
-        """The scope's retry counter, which lives apart from its record: a scope released
-        after transient failures has no record but keeps the attempts it counted."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        count: int = self._admin("get_retry_count", scope)
-        return count
-
-    def _admin(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return drive(self, _one(StoreCall(name, args, kwargs)))
-
-
-def _one(command: StoreCall) -> Generator[Command, Any, Any]:
-    return (yield command)
 
 
 def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:

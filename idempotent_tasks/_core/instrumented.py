@@ -8,9 +8,8 @@ unchanged: it is not an outage, and retrying cannot fix it.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .errors import ConfigurationError, IdempotencyError, StoreUnavailableError
@@ -22,9 +21,17 @@ from .records import Scope
 class InstrumentedStore:
     """``call(name, args, kwargs)`` runs ``store.<name>(*args, **kwargs)`` under the rules above."""
 
-    __slots__ = ("_latency", "_log", "_methods", "_metrics", "name", "native_async", "store")
+    __slots__ = (
+        "_latency", "_log", "_methods", "_metrics", "name", "native_async", "offload", "store",
+    )
 
-    def __init__(self, store: Any, metrics: Metrics, log: Logger) -> None:
+    def __init__(
+        self,
+        store: Any,
+        metrics: Metrics,
+        log: Logger,
+        offload: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
         self.store = store
         self.name: str = getattr(store, "name", type(store).__name__)
         self._metrics = metrics
@@ -36,6 +43,9 @@ class InstrumentedStore:
         self._methods: dict[str, Callable[..., Any]] = {}
         #: True for a store whose methods are coroutines (no thread hop on the async path).
         self.native_async: bool = bool(getattr(store, "is_async", False))
+        #: How ``call_async`` runs a sync store's call: ``await offload(fn, *args)`` on the
+        #: handler's bounded executor (:mod:`.offload`).
+        self.offload = offload
 
     def method(self, name: str) -> Callable[..., Any]:
         fn = self._methods.get(name)
@@ -62,18 +72,27 @@ class InstrumentedStore:
     async def call_async(
         self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> Any:
-        """``call`` on an event loop: awaited on an async store, off-loaded otherwise."""
+        """``call`` on an event loop: awaited on an async store (no thread hop), else run on
+        the handler's bounded executor."""
         if not self.native_async:
-            return await asyncio.to_thread(self.call, name, args, kwargs)
+            offload = self.offload
+            if offload is None:
+                raise ConfigurationError("this store wrapper has no executor for sync calls")
+            return await offload(self.call, name, args, kwargs)
         fn = self._methods.get(name) or self.method(name)
+        latency = self._latency
+        if latency is None:
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                raise self.translate(name, args, exc) from _cause(exc)
         started = time.perf_counter()
         try:
             return await fn(*args, **kwargs)
         except Exception as exc:
             raise self.translate(name, args, exc) from _cause(exc)
         finally:
-            if self._latency is not None:
-                self._latency(self.name, name, time.perf_counter() - started)
+            latency(self.name, name, time.perf_counter() - started)
 
     def translate(self, name: str, args: tuple[Any, ...], exc: Exception) -> IdempotencyError:
         """Log and count a failed call; the error the algorithm sees."""

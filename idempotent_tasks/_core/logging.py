@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, Protocol
-
-import structlog
 
 LOGGER_NAME = "idempotent_tasks"
 
@@ -31,7 +29,7 @@ class Logger(Protocol):
     def error(self, event: str, **fields: Any) -> Any: ...
 
 
-def _to_stdlib(_: Any, __: str, event_dict: structlog.typing.EventDict) -> dict[str, Any]:
+def _to_stdlib(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """Final processor: the event name plus ``key=value`` pairs as the message, and the raw
     fields under ``extra["idempotency"]`` for structured handlers."""
     event = event_dict.pop("event", "")
@@ -55,6 +53,8 @@ class _GatedLogger:
         #: Whether ``debug`` would log (the stdlib's cached check): callers on the hot path
         #: skip building its fields when it would not.
         self.debug_enabled: Callable[[], bool] = functools.partial(std.isEnabledFor, logging.DEBUG)
+        import structlog  # here, not at import: importing the package stays cheap
+
         self._bound: Any = structlog.wrap_logger(
             std,
             processors=[structlog.stdlib.filter_by_level, _to_stdlib],

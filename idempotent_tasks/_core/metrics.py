@@ -4,6 +4,9 @@ Names and labels are part of the contract (docs/operations.md, "Metrics").  Labe
 low-cardinality: operation, outcome, status, store — never keys or tenants.  Durations are in
 seconds.
 Several ``PrometheusMetrics`` on one registry share their collectors instead of failing.
+While an OpenTelemetry span is being recorded, the executions counter and the store latency
+histogram carry its trace id as an exemplar (exposed in the OpenMetrics format), so a spike
+on a dashboard leads to a trace.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import threading
 import weakref
 from typing import Any, Protocol
+
+from .tracing import exemplar
 
 OUTCOMES = ("success", "permanent_failure", "transient_failure", "unkeyed")
 
@@ -155,7 +160,7 @@ class PrometheusMetrics:
         self._c["cache_errors"].labels(cache).inc()
 
     def execution(self, operation: str, outcome: str) -> None:
-        self._child("executions", operation, outcome).inc()
+        self._child("executions", operation, outcome).inc(1, exemplar())
 
     def poisoned(self, operation: str) -> None:
         self._c["poisoned"].labels(operation).inc()
@@ -178,7 +183,7 @@ class PrometheusMetrics:
             child = self._latency_children[(store, call)] = self._c["store_seconds"].labels(
                 store, call
             )
-        child.observe(seconds)
+        child.observe(seconds, exemplar())
 
 
 def default_metrics() -> Metrics:

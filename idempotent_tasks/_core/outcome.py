@@ -100,6 +100,10 @@ class Outcome:
     refusal: IdempotencyError | None = field(default=None, repr=False, compare=False)
     #: The context the body saw (``current_context()``), or ``None`` when no body ran.
     body_context: IdempotencyContext | None = field(default=None, repr=False, compare=False)
+    #: True for a stale owner: its body ran, but another attempt took the scope over before
+    #: its outcome was written, so nothing of it was recorded (``lease_lost``).  Its result
+    #: is its own; a queue integration should not ack this delivery as the scope's answer.
+    lease_lost: bool = field(default=False, compare=False)
 
     @property
     def settled(self) -> bool:

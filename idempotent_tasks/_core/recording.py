@@ -77,7 +77,9 @@ def succeeded(
         adopted = yield from _adopt_success(engine, call, encoded)
         if not adopted:
             engine.lease_lost(call)
-            return finished(call, claim, ctx, "executed", result=engine._loads(encoded))
+            stale = finished(call, claim, ctx, "executed", result=engine._loads(encoded))
+            stale.lease_lost = True
+            return stale
     outcome = recorded(engine, call, claim, ctx, encoded)
     if engine.cache is not None:
         yield from cache_put(engine, call, encoded, now + call.options.ttl)

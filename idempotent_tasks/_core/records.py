@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 
 class Status(enum.StrEnum):
@@ -118,6 +118,21 @@ class IdempotencyContext:
     retry_count: int = 0
     fencing_token: int | None = None
 
+    async def retry_count_async(self) -> int:
+        """``retry_count`` for a coroutine: never a blocking store call on the event loop
+        (a lazily read counter is awaited; see :class:`LazyCountContext`)."""
+        return self.retry_count
+
+
+class CountReader(Protocol):
+    """Where a :class:`LazyCountContext` reads its counter from (the engine)."""
+
+    def read_count(self, scope: Scope) -> int: ...
+
+    async def read_count_async(self, scope: Scope) -> int: ...
+
+    def read_count_from(self, scope: Scope, loop: asyncio.AbstractEventLoop) -> int: ...
+
 
 class LazyCountContext(IdempotencyContext):
     """An :class:`IdempotencyContext` whose ``retry_count`` is read from the store on first
@@ -127,9 +142,15 @@ class LazyCountContext(IdempotencyContext):
     and counted); reading it on every claim would cost a round trip on the hot path, so it
     is read only if the body (or an integration) asks.  While the body runs we own the
     scope, so the counter cannot change under us.
+
+    A body run by ``run_async`` is bound to its event loop (``_loop``): no store call may
+    run on that loop's thread, so there ``await ctx.retry_count_async()`` reads the counter
+    (natively on an async store, on the handler's executor on a sync one) and the plain
+    attribute raises ``CONFIGURATION_ERROR`` naming that call; from any other thread the
+    attribute still works (it waits for the read).
     """
 
-    __slots__ = ("_load",)
+    __slots__ = ("_loop", "_reader", "_scope")
 
     def __init__(
         self,
@@ -141,7 +162,8 @@ class LazyCountContext(IdempotencyContext):
         retry_count: int = 0,
         fencing_token: int | None = None,
         *,
-        load: Callable[[], int] | None = None,
+        reader: CountReader | None = None,
+        scope: Scope | None = None,
     ) -> None:
         # The fields set directly (no dataclass __init__, no property setter): one of these is
         # built for every body that runs.
@@ -152,21 +174,43 @@ class LazyCountContext(IdempotencyContext):
         self.outcome = outcome
         _COUNT_SLOT.__set__(self, retry_count)
         self.fencing_token = fencing_token
-        self._load = load
+        self._reader = reader
+        self._scope = scope
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def retry_count(self) -> int:
-        load = getattr(self, "_load", None)
-        if load is not None:
-            self._load = None
-            _COUNT_SLOT.__set__(self, load())
+        reader: CountReader | None = getattr(self, "_reader", None)
+        if reader is not None:
+            loop, scope = self._loop, self._scope
+            assert scope is not None
+            count = reader.read_count(scope) if loop is None else reader.read_count_from(
+                scope, loop
+            )
+            self._reader = None
+            _COUNT_SLOT.__set__(self, count)
         value: int = _COUNT_SLOT.__get__(self)
         return value
 
     @retry_count.setter
     def retry_count(self, value: int) -> None:
         _COUNT_SLOT.__set__(self, value)
-        self._load = None
+        self._reader = None
+
+    async def retry_count_async(self) -> int:
+        reader: CountReader | None = getattr(self, "_reader", None)
+        if reader is not None:
+            assert self._scope is not None
+            count = await reader.read_count_async(self._scope)
+            if self._reader is not None:  # not set meanwhile by the body
+                self._reader = None
+                _COUNT_SLOT.__set__(self, count)
+        value: int = _COUNT_SLOT.__get__(self)
+        return value
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The body runs on ``loop`` (``run_async``): never read the counter on its thread."""
+        self._loop = loop
 
 
 _COUNT_SLOT: Any = IdempotencyContext.__dict__["retry_count"]

@@ -24,6 +24,7 @@ from .flow import Flow, body_context, claim_scope, lease_of
 from .outcome import Outcome, OutcomeKind, refusal_kind
 from .recording import body_failed, is_permanent, poison, unstorable
 from .records import IdempotencyContext, Status
+from .transaction_context import bound_to_transaction
 
 
 def execute_in_transaction(
@@ -62,7 +63,8 @@ def _in_transaction(
 ) -> Flow:
     ctx = body_context(engine, call, claim)
     try:
-        value = yield RunBody(fn, (tx.connection,), ctx, lease_of(engine, call, claim))
+        body = bound_to_transaction(fn, engine)  # current_outbox() reaches tx.connection
+        value = yield RunBody(body, (tx.connection,), ctx, lease_of(engine, call, claim))
     except BaseException as exc:
         yield TxCall(tx, "rollback")  # every failure rolls back *before* it is recorded
         return (yield from body_failed(engine, call, claim, ctx, exc, permanent))

@@ -36,6 +36,7 @@ from .._core.errors import ConfigurationError
 from ..typing import OnStuck, Permanent, Seconds
 from ._canvas import derive_key, idempotent_chain, keyed
 from ._delivery import KEY_HEADER, TENANT_HEADER, RetryRequested
+from ._risks import ConfigurationRiskWarning
 from ._setup import check_configuration, setup, start_maintenance, stop_maintenance
 from ._state import CLEANUP_TASK, RECOVER_TASK, CeleryState, get_handler
 from ._task import IdempotentTask, current_connection
@@ -81,6 +82,7 @@ __all__ = [
     "RECOVER_TASK",
     "TENANT_HEADER",
     "CeleryState",
+    "ConfigurationRiskWarning",
     "IdempotentTask",
     "RetryRequested",
     "check_configuration",

@@ -44,6 +44,15 @@ def apply(delivery: Delivery, outcome: Outcome) -> Any:
 
 
 def _result(delivery: Delivery, outcome: Outcome) -> Any:
+    if outcome.lease_lost:
+        # A stale owner: another attempt holds the scope.  Acking now would, on the Redis
+        # broker, delete the unacked entry the new owner's delivery shares with this one
+        # (same delivery tag), so a kill of the new owner would lose the message.  Come
+        # back instead: the retry finds the scope in progress, then replays its result.
+        wait_retry(delivery, make_error(
+            ErrorCode.REQUEST_IN_PROGRESS, "another attempt took this scope over",
+            tenant=outcome.tenant, operation=outcome.operation, key=outcome.key,
+        ))
     return outcome.result
 
 

@@ -11,6 +11,9 @@ Maintenance (non-negotiable 5: recovery and cleanup run on a schedule from day o
   and stops it on ``worker_shutdown``; a lease in the store lets one worker of the fleet run each
   job per interval.  Embedded workers that send no ``worker_ready`` (``start_worker``) call
   :func:`start_maintenance` / :func:`stop_maintenance` themselves.
+
+Configuration risks (``_risks``) are computed here and reported by each worker once Celery has
+set up its logging, so that they reach the worker's log.
 """
 
 from __future__ import annotations
@@ -24,11 +27,9 @@ from .._core.errors import ConfigurationError
 from .._core.handler import IdempotencyHandler
 from .._core.runner import CLEANUP_EVERY, RECOVER_EVERY, MaintenanceRunner, MaintenanceSchedule
 from ..typing import Seconds, seconds
+from ._risks import ConfigurationRiskWarning, check_configuration, find_risks, report_once
 from ._state import ATTRIBUTE, CLEANUP_TASK, RECOVER_TASK, CeleryState, Maintenance, state_for
-from ._task import IdempotentTask, register_task_options
-
-#: RabbitMQ's default ``consumer_timeout`` (server side, 30 minutes).
-RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+from ._task import register_task_options
 
 
 def setup(
@@ -61,9 +62,9 @@ def setup(
     for task in list(app._tasks.values()):
         register_task_options(app, type(task))
     if app.configured:
-        state.risks = check_configuration(app)
+        state.risks = [name for name, _ in find_risks(app)]  # reported by the worker
     else:
-        app.on_after_configure.connect(_check_after_configure, sender=app, weak=False)
+        app.on_after_configure.connect(_risks_after_configure, sender=app, weak=False)
     return state
 
 
@@ -87,15 +88,24 @@ def _install_beat(app: celery.Celery, schedule: MaintenanceSchedule) -> None:
 
 
 def _connect_worker_signals(app: celery.Celery) -> None:
-    """Once per app: re-check the configuration when a worker starts (every task module is
-    imported by then) and run in-worker maintenance when ``setup`` asked for it."""
+    """Once per app: in a worker of ``app``, report the configuration risks once Celery has set
+    up logging (every task module is imported by then), and run in-worker maintenance when
+    ``setup`` asked for it."""
+    worker_of_app = False
 
     def on_init(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            state_for(app).risks = check_configuration(app)
+        nonlocal worker_of_app
+        worker_of_app = worker_of_app or getattr(sender, "app", None) is app
+
+    def on_logging(**_: Any) -> None:  # sent with sender=None, in the worker's main process
+        if worker_of_app:
+            report_once(app)
 
     def on_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app and state_for(app).maintenance == "worker":
+        if getattr(sender, "app", None) is not app:
+            return
+        report_once(app)  # when the application set up logging itself (no after_setup_logger)
+        if state_for(app).maintenance == "worker":
             start_maintenance(app)
 
     def on_shutdown(sender: Any = None, **_: Any) -> None:
@@ -104,6 +114,7 @@ def _connect_worker_signals(app: celery.Celery) -> None:
 
     uid = f"idempotent_tasks:{id(app)}"
     signals.worker_init.connect(on_init, weak=False, dispatch_uid=uid)
+    signals.after_setup_logger.connect(on_logging, weak=False, dispatch_uid=uid)
     signals.worker_ready.connect(on_ready, weak=False, dispatch_uid=uid)
     signals.worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid=uid)
 
@@ -127,53 +138,16 @@ def stop_maintenance(app: celery.Celery) -> None:
 
 
 # ---------------------------------------------------------------------- configuration risks
-def _check_after_configure(sender: Any = None, **_: Any) -> None:
+def _risks_after_configure(sender: Any = None, **_: Any) -> None:
     state = getattr(sender, ATTRIBUTE, None)
     if isinstance(state, CeleryState):
-        state.risks = check_configuration(sender)
+        state.risks = [name for name, _ in find_risks(sender)]
 
 
-def check_configuration(app: celery.Celery) -> list[str]:
-    """Log (warning) every setting that makes a double run or a lost task possible; returns
-    the risk names.  See docs/celery.md, "Leases, visibility_timeout and consumer_timeout"."""
-    state = state_for(app)
-    handler, conf = state.handler, app.conf
-    lease = handler.defaults.lease_timeout
-    risks: list[tuple[str, dict[str, Any]]] = []
-    time_limit = conf.task_time_limit
-    if handler.heartbeat_interval is None and (time_limit is None or time_limit > lease):
-        risks.append(("lease_may_expire_while_running",
-                      {"lease_timeout": lease, "task_time_limit": time_limit}))
-    risks.extend(_broker_risks(conf, lease))
-    risks.extend(_task_risks(app))
-    for name, fields in risks:
-        handler.log.warning("celery_config_risk", risk=name, **fields)
-    return [name for name, _ in risks]
-
-
-def _broker_risks(conf: Any, lease: float) -> list[tuple[str, dict[str, Any]]]:
-    url = str(conf.broker_url or "")
-    scheme = url.split("://", 1)[0].lower()
-    risks: list[tuple[str, dict[str, Any]]] = []
-    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-        if not conf.broker_heartbeat:
-            risks.append(("broker_heartbeat_disabled", {"broker_heartbeat": conf.broker_heartbeat}))
-        if lease > RABBITMQ_CONSUMER_TIMEOUT:
-            risks.append(("lease_exceeds_consumer_timeout",
-                          {"lease_timeout": lease, "consumer_timeout": RABBITMQ_CONSUMER_TIMEOUT}))
-    # Redis/SQS: a task running past visibility_timeout is delivered again while running; the
-    # copy sees REQUEST_IN_PROGRESS and waits, which is safe exactly while the lease is live —
-    # the heartbeat/time-limit check above covers it, so no separate risk here.
-    return risks
-
-
-def _task_risks(app: celery.Celery) -> list[tuple[str, dict[str, Any]]]:
-    risks: list[tuple[str, dict[str, Any]]] = []
-    for task in list(app._tasks.values()):
-        if not isinstance(task, IdempotentTask):
-            continue
-        if not task.acks_late:
-            risks.append(("acks_early_loses_crashed_tasks", {"task": task.name}))
-        if not task.reject_on_worker_lost:
-            risks.append(("worker_lost_not_redelivered", {"task": task.name}))
-    return risks
+__all__ = [
+    "ConfigurationRiskWarning",
+    "check_configuration",
+    "setup",
+    "start_maintenance",
+    "stop_maintenance",
+]

@@ -215,6 +215,10 @@ def _body(delivery: Delivery, conn: Any) -> Any:
     kwargs = delivery.kwargs
     if conn is not None and _accepts_conn(task):
         kwargs = {**kwargs, "conn": conn}
+    if conn is not None:  # the ``outbox`` argument, when the task declares one
+        from ..outbox._arguments import outbox_kwargs
+
+        kwargs = {**kwargs, **outbox_kwargs(task.run)}
     try:
         # The worker's tracer has already pushed this task and its request, so the body runs
         # as Celery runs a task without a custom __call__: ``run`` itself.

@@ -1,4 +1,4 @@
-"""The ``idempotent-tasks`` command line (DESIGN.md §6; reference: docs/operations.md).
+"""The ``idempotent-tasks`` command line (reference: docs/operations.md).
 
 ``main`` is the console-script entry point; ``cli`` is the click group, for embedding
 (``CliRunner().invoke(cli, [...])``) or adding commands.
@@ -19,9 +19,10 @@ from ._app import (
 )
 from ._demo import demo
 from ._maintenance import cleanup, migrate, recover
+from ._outbox import outbox, relay
 from ._records import inspect, list_, stats, unpoison
 
-for _command in (migrate, recover, cleanup, inspect, list_, stats, unpoison, demo):
+for _command in (migrate, recover, cleanup, inspect, list_, stats, unpoison, demo, relay, outbox):
     cli.add_command(_command)
 
 __all__ = [

@@ -24,17 +24,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import click
 from click.core import ParameterSource
 from rich.console import Console
+from sqlalchemy.engine import make_url
 
 from .._core.errors import ErrorCode, IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.logging import LOGGER_NAME
 from ..stores.base import Store
-from ..stores.urls import redact_url, store_from_url
+from ..stores.urls import redact_url, store_from_url, url_scheme
 
 PROG_NAME = "idempotent-tasks"
 DEFAULT_STORE_URL = "sqlite:///idempotency.db"
@@ -172,6 +174,10 @@ class CliState:
     url: str
     prefix: str | None
     connect_timeout: float | None = None
+    #: Whether this command may bring a database into existence (``migrate`` only): any
+    #: other command pointed at a SQLite file that does not exist says so instead of letting
+    #: SQLite create an empty file at a mistyped path.
+    may_create: bool = False
     #: The command's log handler (``None`` with ``--log-level off``).
     log: ClickStderrHandler | None = field(default=None, repr=False)
     _store: Store | None = field(default=None, repr=False)
@@ -182,6 +188,8 @@ class CliState:
 
     def store(self) -> Store:
         if self._store is None:
+            if not self.may_create:
+                _refuse_missing_sqlite_file(self.url, self.prefix)
             self._store = store_from_url(
                 self.url, table_prefix=self.prefix, connect_timeout=self.connect_timeout
             )
@@ -199,6 +207,31 @@ class CliState:
                 store.close()
             except Exception as exc:  # closing must never hide the command's own outcome
                 logging.getLogger(LOGGER_NAME).debug("store_close_failed error=%r", exc)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a ``sqlite://`` URL names, or ``None`` for another scheme, an in-memory
+    database or a ``file:`` URI (whose options SQLite interprets itself)."""
+    if url_scheme(url) != "sqlite":
+        return None
+    try:
+        database = make_url(url).database
+    except Exception:  # a malformed URL: the store's own error says what is wrong
+        return None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _refuse_missing_sqlite_file(url: str, prefix: str | None) -> None:
+    path = sqlite_file(url)
+    if path is None or path.exists():
+        return
+    migrate = f"{PROG_NAME} --store {redact_url(url)}"
+    if prefix:
+        migrate += f" --prefix {prefix}"
+    line = f"no such database: {path} does not exist; schema not created: run `{migrate} migrate`"
+    raise CliError(ErrorCode.CONFIGURATION_ERROR, line, line=line)
 
 
 class IdempotencyGroup(click.Group):

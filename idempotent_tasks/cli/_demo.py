@@ -4,10 +4,23 @@ never imports the CLI (the dependency goes one way): the console comes from here
 
 from __future__ import annotations
 
+import shutil
+
 import click
 from click.core import ParameterSource
+from rich.console import Console
 
-from ._app import EXIT_OK, CliState, make_console, pass_state
+from ._app import EXIT_OK, CliState, pass_state
+
+#: The demo's report is laid out for this width at most (and fits 80 columns).
+DEMO_MAX_WIDTH = 100
+
+
+def demo_console() -> Console:
+    """A console as wide as the terminal (``COLUMNS`` first, as every terminal program
+    does), at most :data:`DEMO_MAX_WIDTH`; output that is not a terminal gets that width."""
+    columns = shutil.get_terminal_size((DEMO_MAX_WIDTH, 24)).columns
+    return Console(width=min(columns, DEMO_MAX_WIDTH), highlight=False)
 
 
 @click.command()
@@ -21,7 +34,8 @@ def demo(ctx: click.Context, state: CliState, store_url: str | None, keep: bool)
     Celery and Dramatiq, and report what ran once, replayed, was poisoned or recovered.
 
     Exits 1 when anything did not behave as guaranteed.  Uses the group's --store only when
-    it was given on the command line (never the environment's production store).
+    it was given on the command line (never the environment's production store), and the
+    group's --prefix.  A framework that is not installed is skipped with its install hint.
     """
     from ..demo.run import run_demo
 
@@ -32,6 +46,6 @@ def demo(ctx: click.Context, state: CliState, store_url: str | None, keep: bool)
     )
     if store_url is None and explicit:
         store_url = state.url
-    code = run_demo(store_url, keep=keep, console=make_console())
+    code = run_demo(store_url, prefix=state.prefix, keep=keep, console=demo_console())
     if code != EXIT_OK:
         ctx.exit(code)

@@ -28,8 +28,10 @@ _CLEANUP_SCAN_PAGE = 500
 def migrate(state: CliState) -> None:
     """Create the store's tables (or scripts) if missing; safe to run on every deploy.
 
-    Refuses (exit 5) a table of the same name whose columns do not match.
+    Refuses (exit 5) a table of the same name whose columns do not match.  The only command
+    that creates a SQLite file that does not exist yet.
     """
+    state.may_create = True
     state.handler().create_schema()
     prefix = f" (prefix {state.prefix!r})" if state.prefix else ""
     click.echo(f"schema ready: {state.store().name} at {state.display_url}{prefix}")

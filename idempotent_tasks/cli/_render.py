@@ -29,20 +29,26 @@ def iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds")
 
 
+def duration(seconds: float) -> str:
+    """A non-negative duration in at most two units: ``"59s"``, ``"47m 0s"``, ``"2h 5m"``,
+    ``"3d 4h"``.  Rounded to whole seconds *before* it is split, so a unit never reads 60
+    (``2819.6`` s is ``"47m 0s"``, not ``"46m 60s"``)."""
+    total = round(abs(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m {total % 60}s"
+    if total < 86400:
+        return f"{total // 3600}h {total % 3600 // 60}m"
+    return f"{total // 86400}d {total % 86400 // 3600}h"
+
+
 def ago(ts: float | None, now: float) -> str:
     """A human offset such as ``"in 4m 10s"`` or ``"12s ago"``."""
     if ts is None:
         return "-"
     delta = ts - now
-    seconds = abs(delta)
-    if seconds < 60:
-        text = f"{seconds:.0f}s"
-    elif seconds < 3600:
-        text = f"{seconds // 60:.0f}m {seconds % 60:.0f}s"
-    elif seconds < 86400:
-        text = f"{seconds // 3600:.0f}h {seconds % 3600 // 60:.0f}m"
-    else:
-        text = f"{seconds // 86400:.0f}d {seconds % 86400 // 3600:.0f}h"
+    text = duration(delta)
     return f"in {text}" if delta >= 0 else f"{text} ago"
 
 

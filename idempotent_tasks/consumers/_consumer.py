@@ -96,7 +96,8 @@ class IdempotentConsumer:
             return resolved
         payload = resolved.payload
         outcome = self.handler.run(
-            (lambda conn: fn(payload, conn)) if self.transactional else (lambda: fn(payload)),
+            (lambda conn: fn(payload, conn, **_outbox(fn))) if self.transactional
+            else (lambda: fn(payload)),
             operation=self.operation, tenant=resolved.tenant, key=resolved.key,
             payload=payload, permanent=self.permanent, transactional=self.transactional,
             require_key=self.require_key, **self._options,
@@ -114,7 +115,7 @@ class IdempotentConsumer:
             for r in resolved if not isinstance(r, Outcome)
         ]
         body: Body = (
-            (lambda call, conn: fn(call["payload"], conn)) if self.transactional
+            (lambda call, conn: fn(call["payload"], conn, **_outbox(fn))) if self.transactional
             else (lambda call: fn(call["payload"]))
         )
         ran = iter(self.handler.run_many(
@@ -150,6 +151,13 @@ class IdempotentConsumer:
                 topic=message.topic, offset=message.offset,
             )
         return outcome
+
+
+def _outbox(fn: Body) -> dict[str, Any]:
+    """``outbox=`` for a transactional body that declares that parameter."""
+    from ..outbox._arguments import outbox_kwargs
+
+    return outbox_kwargs(fn)
 
 
 __all__ = ["IdempotentConsumer"]

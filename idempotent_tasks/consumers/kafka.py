@@ -22,9 +22,12 @@ Spec sheet
   committed; a dead letter that cannot be delivered is a retry.  Without a
   ``dead_letter_topic`` they are logged (``dead_letter_dropped``) and committed: the record in
   the store keeps the verdict, and they never loop.
-* **Rebalances**: on revoke, offsets not yet committed are committed and pending retries of
-  the revoked partitions are dropped (the new owner starts from the committed offset); on a
-  lost assignment nothing is committed.
+* **Rebalances** (eager and cooperative-sticky alike): on revoke, the offsets of durable
+  outcomes not yet committed are committed — never past a message waiting for a retry — and
+  pending retries of the revoked partitions are dropped (the new owner starts from the
+  committed offset and runs or replays what follows); on a lost assignment nothing is
+  committed.  A consumer stopped mid-body finishes the message in hand, commits it, and
+  leaves the group.
 * **Defaults**: ``auto.offset.reset`` is ``earliest`` unless the config says otherwise (a new
   group must not skip messages produced before it joined).
 * **Crashes**: a killed loop leaves its uncommitted messages to the group; claimed scopes stay

@@ -4,7 +4,7 @@ Everything runs in this process — Celery's in-memory transport (``memory://``)
 result backend and a real worker (``celery.contrib.testing.worker.start_worker``, threads
 pool) with :mod:`idempotent_tasks.celery` — against the given store (the demo passes an SQLite
 file), so no server is needed.  Each scenario reports how many messages were delivered, how
-many times the body really ran, and whether that is what DESIGN.md §2c promises.  Races are
+many times the body really ran, and whether that is what docs/guarantees.md promises.  Races are
 forced with events (a body blocks until the duplicates were seen waiting); the only wait is
 for a 0.5 s lease to run out, which is the thing being shown.  Keys are unique per run, so the
 demo can be re-run on the same store.
@@ -20,12 +20,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
 from .._core.handler import IdempotencyHandler
+from .._core.metrics import Metrics
 from .._core.records import Status
 from ..celery import RECOVER_TASK, IdempotentTask, setup
 from ..stores.urls import store_from_url
@@ -80,12 +81,18 @@ class _Demo:
             return self.cond.wait_for(lambda: self.in_progress >= count, _WAIT)
 
 
-def run_scenario(store_url: str, workdir: Path) -> list[ScenarioLine]:
-    """Run the five Celery scenarios on ``store_url``; one :class:`ScenarioLine` each."""
+def run_scenario(
+    store_url: str, workdir: Path, *, metrics: Metrics | Literal["auto"] | None = "auto",
+    prefix: str | None = None,
+) -> list[ScenarioLine]:
+    """Run the five Celery scenarios on ``store_url``; one :class:`ScenarioLine` each.
+
+    ``metrics``: where the handler records (the handler's default when omitted);
+    ``prefix``: the store's table / key prefix."""
     workdir.mkdir(parents=True, exist_ok=True)
-    store = store_from_url(store_url)
+    store = store_from_url(store_url, prefix=prefix)
     store.create_schema()
-    handler = IdempotencyHandler(store)
+    handler = IdempotencyHandler(store, metrics=metrics)
     app = _app()
     setup(app, handler)
     demo = _Demo(app, handler, uuid.uuid4().hex[:8])
@@ -111,6 +118,7 @@ def _app() -> Celery:
         task_default_queue=f"idempotency_demo_{uuid.uuid4().hex[:8]}",
         broker_transport_options={"polling_interval": 0.01},
         worker_hijack_root_logger=False,
+        task_time_limit=60,  # below the handler's lease: a running body never loses it
     )
     return app
 
@@ -186,7 +194,7 @@ def _concurrent(demo: _Demo) -> ScenarioLine:
     fields = {**demo.record_fields("slow", key), "in_progress_retries": demo.in_progress}
     return ScenarioLine(
         INTEGRATION, "concurrent duplicates", 3, runs,
-        "ran once; duplicates retried while in progress, then replayed",
+        "ran once; duplicates retried while it ran, then replayed",
         forced and runs == 1 and values == [(True, "o-2")] * 3
         and fields["status"] == Status.SUCCESS.value, fields,
     )
@@ -211,7 +219,9 @@ def _flaky(demo: _Demo) -> ScenarioLine:
     runs = demo.runs.get("flaky", 0)
     fields = demo.record_fields("flaky", key)
     return ScenarioLine(
-        INTEGRATION, "flaky task", 1, runs, "retried by Celery, poisoned after 3 tries",
+        INTEGRATION, "flaky task", 1, runs,
+        "ran 3x for 1 message: Celery retried each transient error until the store had "
+        "counted 3 (max_retries=3); poisoned",
         not ok and isinstance(err, ConnectionError) and runs == 3
         and fields == {"status": Status.FAILED.value, "retry_count": 3}, fields,
     )
@@ -233,7 +243,8 @@ def _crash(demo: _Demo) -> ScenarioLine:
     fields = {**demo.record_fields("crash", key), "recovered": handled}
     return ScenarioLine(
         INTEGRATION, "worker crash", 1, runs,
-        "stuck claim recovered by the beat maintenance task, then ran once",
+        "a dead worker's claim, freed by the beat maintenance task; "
+        "then ran once",
         ok and value == "o-5" and handled == 1 and runs == 1
         and fields["status"] == Status.SUCCESS.value and fields["retry_count"] == 1, fields,
     )

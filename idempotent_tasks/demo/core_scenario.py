@@ -2,7 +2,7 @@
 
 Each scenario sends deliveries through :class:`~idempotent_tasks.IdempotencyHandler` the way a
 broker would (duplicates, concurrent duplicates, failures, a crashed or stalled worker) and
-checks that what happened is what DESIGN.md §2c promises.  Races are forced with barriers and
+checks that what happened is what docs/guarantees.md promises.  Races are forced with barriers and
 events, never hoped for with sleeps; the only waits are for a short lease or TTL to run out,
 which is the very thing being shown.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from .._core.errors import IdempotencyError, idempotency_error_status
 from .._core.handler import IdempotencyHandler
-from .._core.metrics import Metrics, PrometheusMetrics
+from .._core.metrics import Metrics
 from .._core.records import Status
 from ..stores.base import Store
 from ..stores.urls import store_from_url
@@ -164,8 +164,8 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "concurrent duplicates", CONCURRENT + 1, self.runs["concurrent"],
-            f"ran once; {codes['REQUEST_IN_PROGRESS']} refused 409 REQUEST_IN_PROGRESS while "
-            "it ran; then replayed", ok, {"codes": dict(codes)},
+            f"ran once; {codes['REQUEST_IN_PROGRESS']} got 409 REQUEST_IN_PROGRESS, "
+            "then 1 replay", ok, {"codes": dict(codes)},
         )
 
     def tenants(self) -> ScenarioLine:
@@ -180,7 +180,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "tenant isolation (same key)", 4, self.runs["tenants"],
-            "one run per tenant; each replay returns its own tenant's result", ok,
+            "one run per tenant; replays return that tenant's result", ok,
         )
 
     def key_reuse(self) -> ScenarioLine:
@@ -196,7 +196,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "key reused with another payload", 2, self.runs["reuse"],
-            f"refused {status} {second[0]}; body not run again", ok,
+            f"{status} {second[0]}; not run again", ok,
         )
 
     def permanent(self) -> ScenarioLine:
@@ -226,7 +226,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "transient failures", 4, self.runs["transient"],
-            f"released twice, poisoned after {count} tries (max_retries=3); 4th refused", ok,
+            f"failed {count}x (transient): poisoned at max_retries=3; 4th refused", ok,
         )
 
     def transient_then_success(self) -> ScenarioLine:
@@ -249,7 +249,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "transient failure, then success", 3, self.runs["flaky"],
-            "released, ran again and succeeded (retry counter 1), then replayed", ok,
+            "failed once (counted), then succeeded; then replayed", ok,
         )
 
     def crash_recovered(self) -> ScenarioLine:
@@ -264,8 +264,8 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "crashed worker, maintenance", 2, self.runs["recovered"],
-            "lease expired; recovered by recover_stuck_records (attempt counted), "
-            "redelivery ran it", ok, {"recovered": recovered},
+            "the 1st worker died before the body; maintenance freed the "
+            "scope (attempt counted); the redelivery ran it", ok, {"recovered": recovered},
         )
 
     def crash_taken_over(self) -> ScenarioLine:
@@ -277,7 +277,8 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "crashed worker, redelivery", 2, self.runs["takeover"],
-            "lease expired; redelivery took the scope over (new fencing token) and ran it", ok,
+            "the 1st worker died before the body; after its lease the "
+            "redelivery took over (new fencing token)", ok,
         )
 
     def stalled(self) -> ScenarioLine:
@@ -312,8 +313,8 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "stalled worker loses its lease", 2, self.runs["stalled"],
-            "taken over after the lease; the stale write was refused (lease_lost), the new "
-            "owner's result is stored", ok,
+            "ran 2x: the 1st stalled past its lease and a redelivery took "
+            "over; the stale result was refused (lease_lost)", ok,
         )
 
     def expiry(self) -> ScenarioLine:
@@ -329,7 +330,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "record expired", 2, self.runs["expiry"],
-            "purged by cleanup_expired_records after its ttl; the key ran again", ok,
+            "record purged after its ttl; the same key then ran again", ok,
             {"purged": purged},
         )
 
@@ -344,7 +345,7 @@ class CoreDemo:
         )
         return ScenarioLine(
             INTEGRATION, "operator unpoison", 2, self.runs["unpoison"],
-            "poisoned, unpoisoned by an operator (audited), the next delivery ran", ok,
+            "poisoned; an operator unpoisoned it (audited); then it ran", ok,
         )
 
     def all(self) -> list[Callable[[], ScenarioLine]]:
@@ -367,18 +368,19 @@ def wait_until(deadline: float) -> None:
 
 
 def run_scenario(
-    store_url: str, workdir: Path | str | None = None, *, registry: Any = None
+    store_url: str, workdir: Path | str | None = None, *, metrics: Metrics | None = None,
+    prefix: str | None = None,
 ) -> list[ScenarioLine]:
     """Run every core scenario on the store at ``store_url``; one line per scenario.
 
     ``workdir`` is accepted for symmetry with the framework scenarios (the core needs no
-    files); ``registry``: the prometheus ``CollectorRegistry`` to record metrics in (none
-    when omitted).  A scenario that raises becomes a failed line, never an exception.
+    files); ``metrics``: where the handler records (none when omitted); ``prefix``: the
+    store's table / key prefix.  A scenario that raises becomes a failed line, never an
+    exception.
     """
     del workdir
-    store = store_from_url(store_url)
+    store = store_from_url(store_url, prefix=prefix)
     store.create_schema()
-    metrics = PrometheusMetrics(registry) if registry is not None else None
     demo = CoreDemo(store, metrics)
     lines = []
     try:

@@ -4,7 +4,7 @@ Everything runs in this process — a ``StubBroker`` and a real ``dramatiq.Worke
 :class:`~idempotent_tasks.dramatiq.IdempotencyMiddleware` and in-worker maintenance — against
 the given store (the demo passes an SQLite file), so no server is needed.  Each scenario
 reports how many messages were delivered, how many times the body really ran, and whether
-that is what DESIGN.md §2c promises.  Keys are unique per run, so the demo can be re-run on
+that is what docs/guarantees.md promises.  Keys are unique per run, so the demo can be re-run on
 the same store.
 """
 
@@ -25,8 +25,10 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware
 
 from .._core.handler import IdempotencyHandler
+from .._core.metrics import Metrics
 from .._core.records import Status
 from ..dramatiq import IdempotencyMiddleware, IdempotencyRetry, idempotent_actor
+from ..stores.urls import store_from_url
 from ..testing import simulate_crash
 from ._report import ScenarioLine
 
@@ -85,14 +87,16 @@ class _Demo:
         return {"status": record.status.value, "retry_count": record.retry_count}
 
 
-def run_scenario(store_url: str, workdir: Path) -> list[ScenarioLine]:
-    """Run the five Dramatiq scenarios on ``store_url``; one :class:`ScenarioLine` each."""
-    from ..stores.sql import SQLStore
-
+def run_scenario(
+    store_url: str, workdir: Path, *, metrics: Metrics | None = None, prefix: str | None = None
+) -> list[ScenarioLine]:
+    """Run the five Dramatiq scenarios on ``store_url`` (any store URL the workers can
+    share); one :class:`ScenarioLine` each.  ``metrics``: where the handler records (none
+    when omitted); ``prefix``: the store's table / key prefix."""
     workdir.mkdir(parents=True, exist_ok=True)
-    store = SQLStore(store_url)
+    store = store_from_url(store_url, prefix=prefix)
     store.create_schema()
-    handler = IdempotencyHandler(store, metrics=None)
+    handler = IdempotencyHandler(store, metrics=metrics)
     try:
         with _quiet_dramatiq_logs():
             return _run(handler)
@@ -190,7 +194,7 @@ def _concurrent(
     fields = {**demo.record_fields("demo_slow", key), "in_progress_retries": demo.watch.in_progress}
     return ScenarioLine(
         INTEGRATION, "concurrent duplicates", 3, runs,
-        "ran once; duplicates retried while in progress, then replayed",
+        "ran once; duplicates retried while it ran, then replayed",
         forced and runs == 1 and fields["status"] == Status.SUCCESS.value, fields,
     )
 
@@ -219,7 +223,9 @@ def _flaky(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> 
     fields = demo.record_fields("demo_flaky", key)
     dead = any(m.message_id == message.message_id for m in demo.broker.dead_letters)
     return ScenarioLine(
-        INTEGRATION, "flaky actor", 1, runs, "poisoned after 3 tries, dead-lettered",
+        INTEGRATION, "flaky actor", 1, runs,
+        "ran 3x for 1 message: Dramatiq's Retries re-sent each transient error until the "
+        "store had counted 3; dead-lettered",
         runs == 3 and dead and fields["status"] == Status.FAILED.value, fields,
     )
 
@@ -239,7 +245,8 @@ def _crash(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> 
     fields = demo.record_fields("demo_crash", key)
     return ScenarioLine(
         INTEGRATION, "worker crash", 1, runs,
-        "stuck claim recovered by in-worker maintenance, ran once",
+        "a dead worker's claim, freed by in-worker maintenance; then "
+        "ran once",
         recovered and runs == 1 and fields == {"status": "SUCCESS", "retry_count": 1}, fields,
     )
 

@@ -62,6 +62,7 @@ from .._core.records import IdempotencyContext
 from ..typing import OnStuck, Permanent, Seconds
 from . import _state
 from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
+from ._retry_guard import RetryNotEnqueuedError
 from ._runner import CONTEXT_ATTRIBUTE, IdempotencyRetry
 from ._spec import ACTOR_OPTIONS, KEY_OPTION, TENANT_OPTIONS
 
@@ -169,6 +170,7 @@ __all__ = [
     "IdempotencyMiddleware",
     "IdempotencyMiddlewareError",
     "IdempotencyRetry",
+    "RetryNotEnqueuedError",
     "current_connection",
     "get_context",
     "idempotent_actor",

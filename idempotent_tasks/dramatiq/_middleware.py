@@ -14,7 +14,10 @@ from .._core.handler import IdempotencyHandler
 from .._core.runner import CLEANUP_EVERY, RECOVER_EVERY, MaintenanceRunner, MaintenanceSchedule
 from ..typing import Seconds, seconds
 from . import _state
+from ._asyncio import coroutine_function, wrap_async
+from ._retry_guard import RetryGuard, enable_publisher_confirms
 from ._runner import MessageRun
+from ._skip_log import install_replay_skip_filter
 from ._spec import ACTOR_OPTIONS, ActorSpec
 
 _MARKER = "__idempotency_middleware__"
@@ -40,6 +43,9 @@ class IdempotencyMiddleware(Middleware):
     process runs ``recover_stuck_records`` every ``recover_every`` seconds and
     ``cleanup_expired_records`` every ``cleanup_every`` seconds in a daemon thread; a lease in
     the store lets only one worker of the fleet run each job at a time.
+
+    The original of a failed message is acked only once its retry is enqueued (a RabbitMQ
+    broker gets publisher confirms when the worker boots): see ``_retry_guard``.
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class IdempotencyMiddleware(Middleware):
             MaintenanceSchedule(recover_every=seconds(recover_every),
                                 cleanup_every=seconds(cleanup_every)),
         )
+        self.retry_guard = RetryGuard(handler.log)
         self._workers = 0
         self._lock = threading.Lock()
 
@@ -82,6 +89,11 @@ class IdempotencyMiddleware(Middleware):
 
     def _wrap(self, actor: dramatiq.Actor[Any, Any], spec: ActorSpec) -> Callable[..., Any]:
         fn = actor.fn
+        afn = coroutine_function(fn)
+        if afn is not None:  # an async actor: the engine's native path on the loop (_asyncio)
+            wrapped = wrap_async(actor, spec, fn, afn, self.handler, self.default_tenant)
+            setattr(wrapped, _MARKER, self)
+            return wrapped
 
         @functools.wraps(fn)
         def idempotent(*args: Any, **kwargs: Any) -> Any:
@@ -116,11 +128,27 @@ class IdempotencyMiddleware(Middleware):
         exception: BaseException | None = None,
     ) -> None:
         _state.local.message = None
-        if exception is not None and _state.decision_for(exception) is _state.Decision.DEAD_LETTER:
+        if exception is None or not broker.get_actor(message.actor_name).options.get("idempotent"):
+            return
+        if _state.decision_for(exception) is _state.Decision.DEAD_LETTER:
             message.fail()  # dead-letter even if the Retries middleware is configured oddly
+        else:
+            self.retry_guard.expect_retry(message)  # Retries re-enqueues it, or fails it
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
         _state.local.message = None
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        self.retry_guard.enqueue_started(message, delay)
+
+    def after_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        self.retry_guard.enqueue_done(message, delay)
+
+    def before_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self.retry_guard.before_ack(broker, message)  # raises to keep the original unacked
+
+    def before_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self.retry_guard.forget(message)
 
     def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
         _state.clear()  # drop the reference to the last exception
@@ -135,10 +163,13 @@ class IdempotencyMiddleware(Middleware):
                 "IdempotencyMiddleware needs Dramatiq's Retries middleware: without it, "
                 "in-progress and store-down messages would be acked instead of retried"
             )
+        enable_publisher_confirms(broker, self.handler.log)
+        install_replay_skip_filter()  # replays are not worth Dramatiq's "skipped" warning
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
         with self._lock:
             self._workers += 1
+            self.retry_guard.resume()
             if self.maintenance and self._workers == 1:
                 self.maintenance_runner.start()
                 self.handler.log.info(
@@ -148,6 +179,8 @@ class IdempotencyMiddleware(Middleware):
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: Any) -> None:
         with self._lock:
             self._workers = max(0, self._workers - 1)
+            if self._workers == 0:
+                self.retry_guard.stop()
             if self.maintenance and self._workers == 0:
                 self.maintenance_runner.stop()
                 self.handler.log.info(

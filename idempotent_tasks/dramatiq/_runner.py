@@ -34,7 +34,7 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.records import IdempotencyContext
 from . import _state
-from ._spec import ActorSpec, resolve
+from ._spec import ActorSpec, Resolved, resolve
 
 #: The attribute of the processed message that carries its :class:`IdempotencyContext`.
 CONTEXT_ATTRIBUTE = "idempotency_context"
@@ -63,23 +63,33 @@ class MessageRun:
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         spec = self.spec
-        try:
-            resolved = resolve(
-                spec, self.message.options, self.message.message_id, args, kwargs,
-                self.default_tenant,
-            )
-        except IdempotencyError as exc:  # a key/tenant/payload function failed
-            self._attach(IdempotencyContext(
-                tenant=_text(exc.tenant), operation=spec.operation, key=_text(exc.key),
-                request_hash=None, outcome="rejected",
-            ))
-            self._raise(exc, _state.Decision.DEAD_LETTER, "rejected")
+        resolved = self.resolve(args, kwargs)
         outcome = self.handler.run(
             _body(fn, args, kwargs, spec.transactional), operation=spec.operation,
             tenant=resolved.tenant, key=resolved.key, payload=resolved.payload,
             permanent=spec.permanent, transactional=spec.transactional,
             require_key=spec.require_key,
         )
+        return self.finish(outcome)
+
+    # -- the two halves of ``run``, shared with the asyncio path (``_asyncio``) -----------
+    def resolve(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Resolved:
+        """The message's scope parts; a key/tenant/payload function that fails dead-letters."""
+        spec = self.spec
+        try:
+            return resolve(
+                spec, self.message.options, self.message.message_id, args, kwargs,
+                self.default_tenant,
+            )
+        except IdempotencyError as exc:
+            self._attach(IdempotencyContext(
+                tenant=_text(exc.tenant), operation=spec.operation, key=_text(exc.key),
+                request_hash=None, outcome="rejected",
+            ))
+            self._raise(exc, _state.Decision.DEAD_LETTER, "rejected")
+
+    def finish(self, outcome: Outcome) -> Any:
+        """The outcome in Dramatiq's terms (the table above)."""
         self._attach(outcome.context)
         return ACTIONS[outcome.kind](self, outcome)
 
@@ -143,9 +153,11 @@ def _body(
         return lambda: fn(*args, **kwargs)
 
     def in_transaction(conn: Any) -> Any:
+        from ..outbox._arguments import outbox_kwargs  # the ``outbox`` argument, if declared
+
         token = _state.connection.set(conn)
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, **kwargs, **outbox_kwargs(fn))
         finally:
             _state.connection.reset(token)
 

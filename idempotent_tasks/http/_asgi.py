@@ -7,6 +7,15 @@ outcome is recorded: a 2xx is stored and then sent; any other status is recorded
 failure (permanent or transient) and then sent; a replay sends the stored response; every
 other outcome is answered by the one table of :mod:`._outcome`.
 
+Nothing on this path blocks the event loop.  With an async store (``AsyncSQLStore``,
+``AsyncRedisStore``) ``run_async`` awaits every store call on the loop — the native path, no
+thread hop; with a sync store each call runs on the handler's own bounded executor
+(``async_executor_threads``).  The endpoint reads the scope's retry counter with
+``await request.state.idempotency.retry_count_async()`` (the plain attribute would need a
+blocking store call on the loop's thread, and refuses).  What the middleware itself does per
+request — parsing the key, hashing the body, the tenant getter (awaited when it is a
+coroutine) — is in-memory work.
+
 Responses bigger than ``max_response_bytes`` are not buffered beyond the limit: the
 middleware starts streaming them to the client and, because such a response can never be
 replayed, records the scope as FAILED (a retry gets ``409 REQUEST_FAILED``).  The last chunk

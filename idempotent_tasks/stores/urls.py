@@ -3,8 +3,11 @@
 Operators configure a store with a single setting (``--store`` / ``IDEMPOTENT_TASKS_STORE``),
 so the scheme alone decides the backend:
 
-* ``sqlite:///path.db``, ``postgresql://…``, ``postgresql+psycopg://…``, ``postgres://…``
+* ``sqlite:///path.db``, ``postgresql://…``, ``postgresql+psycopg://…``, ``postgres://…``,
+  ``mysql://…``, ``mysql+pymysql://…``, ``mariadb+pymysql://…``
   → :class:`~idempotent_tasks.SQLStore` (``table_prefix=``);
+* ``dynamodb://TABLE[?region=…&endpoint_url=…]`` → :class:`~idempotent_tasks.DynamoDBStore`
+  (``prefix=`` namespaces the store's items inside the table);
 * ``redis://…``, ``rediss://…``, ``unix://…``, ``redis+cluster://…``
   → :class:`~idempotent_tasks.RedisStore` (``prefix=``);
 * ``memory://`` → a fresh :class:`~idempotent_tasks.MemoryStore`; ``memory://NAME`` → the
@@ -26,7 +29,8 @@ from .._core.errors import ConfigurationError
 from .base import Store
 from .memory import MemoryStore
 
-SQL_SCHEMES = ("sqlite", "postgresql", "postgres")
+SQL_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
+DYNAMODB_SCHEME = "dynamodb"
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster")
 MEMORY_SCHEME = "memory"
 
@@ -106,6 +110,27 @@ def _redis_store(url: str, opts: dict[str, Any]) -> Store:
     return redis
 
 
+def _dynamodb_store(url: str, opts: dict[str, Any]) -> Store:
+    from urllib.parse import parse_qs, urlsplit
+
+    from .. import DynamoDBStore
+
+    parts = urlsplit(url)
+    table = parts.netloc or parts.path.strip("/")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - {"region", "region_name", "endpoint_url"}
+    if unknown:
+        raise ConfigurationError(
+            f"dynamodb:// takes region and endpoint_url, not {sorted(unknown)}"
+        )
+    opts = _prefix_option(opts, "prefix")
+    dynamo: Store = DynamoDBStore(
+        table, endpoint_url=query.get("endpoint_url"),
+        region_name=query.get("region") or query.get("region_name"), **opts,
+    )
+    return dynamo
+
+
 def store_from_url(url: str, **opts: Any) -> Store:
     """The store a URL names (see the module docstring), built without connecting.
 
@@ -121,10 +146,12 @@ def store_from_url(url: str, **opts: Any) -> Store:
         build = _sql_store
     elif scheme in REDIS_SCHEMES:
         build = _redis_store
+    elif scheme == DYNAMODB_SCHEME:
+        build = _dynamodb_store
     else:
         raise ConfigurationError(
             f"unknown store URL scheme {scheme!r} in {redact_url(url)!r}: use sqlite://, "
-            "postgresql://, redis:// or memory://"
+            "postgresql://, mysql+pymysql://, redis://, dynamodb:// or memory://"
         )
     try:
         return build(url, clean)

@@ -8,15 +8,21 @@ its row, so the harness can tell which execution a stored or replayed result cam
 ``plain`` bodies commit it on their own connection before the outcome is written — the window
 in which a crash leaves an effect behind a PROCESSING record.  A few *crash keys* make that
 window certain: the first execution of such a key kills its own worker process group right
-after the ledger write (once per key: a committed marker row decides).
+after the ledger write (once per key: a committed marker row decides).  A few *slow keys*
+(the Celery Redis-broker run) hold their body for ``slow_seconds``, longer than the broker's
+``visibility_timeout``, so that the broker delivers them again while they run; the body logs
+``chaos_slow_body`` with its start and end (epoch seconds) for the harness to line the
+redeliveries up with.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +35,7 @@ from idempotent_tasks import IdempotencyHandler, RedisCache, SQLStore
 TENANT = "chaos"
 OPERATIONS = {"transactional": "chaos.tx", "plain": "chaos.plain"}
 CONFIG_ENV = "CHAOS_WORKER_CONFIG"
+LOG = logging.getLogger("chaos")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class WorkerConfig:
     topics: dict[str, str] = field(default_factory=dict)
     groups: dict[str, str] = field(default_factory=dict)
     outcomes_dir: str = ""
+    broker_options: dict[str, Any] = field(default_factory=dict)
+    slow_keys: list[str] = field(default_factory=list)
+    slow_seconds: float = 0.0
 
     def to_env(self) -> str:
         return json.dumps(self.__dict__)
@@ -81,6 +91,7 @@ class LedgerWriter:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self.crash_keys = frozenset(cfg.crash_keys)
+        self.slow_keys = frozenset(cfg.slow_keys)
         self._local = threading.local()
         self._insert = (
             f"INSERT INTO {cfg.ledger} (profile, key, token, pid) VALUES (%s, %s, %s, %s)"
@@ -97,6 +108,7 @@ class LedgerWriter:
     def plain(self, key: str) -> dict[str, str]:
         """The effect commits on its own connection, before the outcome is written."""
         token = uuid.uuid4().hex
+        self._maybe_hold(key)
         self._execute(self._insert, ("plain", key, token, os.getpid()))
         self._maybe_crash(key)
         return {"key": key, "token": token}
@@ -104,12 +116,19 @@ class LedgerWriter:
     def transactional(self, conn: Any, key: str) -> dict[str, str]:
         """The effect is written in the transaction that also records SUCCESS (docs/transactional.md)."""
         token = uuid.uuid4().hex
+        self._maybe_hold(key)
         conn.execute(
             self._insert_tx,
             {"profile": "transactional", "key": key, "token": token, "pid": os.getpid()},
         )
         self._maybe_crash(key)
         return {"key": key, "token": token}
+
+    def _maybe_hold(self, key: str) -> None:
+        if key in self.slow_keys:
+            start = time.time()
+            time.sleep(self.cfg.slow_seconds)  # a long body: past the visibility_timeout
+            LOG.warning("chaos_slow_body key=%s start=%.3f end=%.3f", key, start, time.time())
 
     def _maybe_crash(self, key: str) -> None:
         if key in self.crash_keys and self._execute(self._mark, (key, os.getpid())):

@@ -1,13 +1,21 @@
 """The things a chaos run breaks, and how each is always put back.
 
-* PostgreSQL: restarted with ``pg_ctlcluster`` (never left stopped: :func:`ensure_postgres`).
+* PostgreSQL: the session's private cluster (``tests/_private_postgres.py``), restarted with
+  ``pg_ctl`` — the machine's PostgreSQL is never touched.
 * Redis (the cache): a private ``redis-server`` on a free port, killed and started again —
   the shared one on 6379 is never touched.
 * RabbitMQ: every run gets its own vhost; "closing broker connections" closes that vhost's
   connections only (other tests on the same broker are unaffected); the vhost, and with it
   every queue of the run, is deleted at the end.
+* Redis (a Celery broker): a private ``redis-server`` too; "dropping broker connections" is
+  ``CLIENT KILL TYPE normal`` on it.
 * Worker processes: each in its own process group (SIGKILL / SIGSTOP reach its children
   too), restarted at once when they die.
+
+Every fault is *verified* before the harness counts it (:class:`FaultNotVerified` otherwise,
+which fails the run): a killed worker's whole process group is gone, a stopped one is in the
+``T`` state, a dropped connection is no longer listed by the broker, a stopped Redis refused a
+connection, and a PostgreSQL restart shows a refused connection and a new postmaster pid.
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import sqlalchemy as sa
+import redis
 
-from tests._services import POSTGRES_URL
+from tests._private_postgres import FaultNotVerified, refused
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.1) -> None:
@@ -35,6 +43,12 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(poll)
+
+
+def wall_clock() -> str:
+    """The time as the worker logs print it (to line a delivery up with their lines)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
 
 
 def free_port() -> int:
@@ -50,37 +64,7 @@ def port_open(port: int) -> bool:
     return False
 
 
-# -- PostgreSQL --------------------------------------------------------------------------------
-def _pg_ctl(action: str) -> subprocess.CompletedProcess[bytes]:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    return subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=False, capture_output=True, timeout=120,
-    )
-
-
-def postgres_ready() -> bool:
-    port = str(sa.make_url(POSTGRES_URL).port or 5432)
-    ready = subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", port], check=False)
-    return ready.returncode == 0
-
-
-def restart_postgres() -> None:
-    """Restart the cluster (fast shutdown: every connection drops) and wait until it serves."""
-    try:
-        _pg_ctl("restart")
-    finally:
-        ensure_postgres()
-
-
-def ensure_postgres() -> None:
-    """Leave PostgreSQL running, whatever happened ("already running" is fine)."""
-    if not postgres_ready():
-        _pg_ctl("start")
-    wait_until(postgres_ready, 60, "PostgreSQL to accept connections", poll=0.2)
-
-
-# -- Redis (the cache) -------------------------------------------------------------------------
+# -- Redis (the cache, or a Celery broker) ------------------------------------------------------
 class PrivateRedis:
     """A ``redis-server`` of our own, without persistence, that the run may stop."""
 
@@ -107,15 +91,42 @@ class PrivateRedis:
             self.proc.wait(10)
 
     def outage(self, seconds: float) -> None:
-        """The cache is gone for ``seconds`` (a fault's duration), then back, empty."""
+        """The server is gone for ``seconds`` (a fault's duration), then back, empty.
+        Verified: it died of the SIGKILL and a connection was refused meanwhile."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            raise FaultNotVerified(f"redis-server on {self.port} was not running")
         self.stop()
-        time.sleep(seconds)
+        down = refused(self.port)
+        if proc.returncode != -signal.SIGKILL or down is None:
+            raise FaultNotVerified(f"redis-server on {self.port}: exit {proc.returncode}, "
+                                   f"refused={down}")
+        time.sleep(seconds)  # the fault's duration
         self.start()
+
+    def drop_clients(self) -> int:
+        """``CLIENT KILL TYPE normal`` every client but ours; verified: none of the clients
+        listed before is listed after.  Returns how many were dropped."""
+        with redis.Redis.from_url(self.url, socket_timeout=5) as admin:
+            before = _client_ids(admin)
+            admin.client_kill_filter(_type="normal", skipme=True)
+            if not before:
+                raise FaultNotVerified("no broker connection to drop")
+            wait_until(lambda: not before & _client_ids(admin), 10,
+                       "the dropped Redis clients to disappear")
+        return len(before)
+
+
+def _client_ids(admin: redis.Redis) -> set[int]:
+    me = admin.client_id()
+    return {int(c["id"]) for c in admin.client_list(_type="normal") if int(c["id"]) != me}
 
 
 # -- RabbitMQ ----------------------------------------------------------------------------------
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+def rabbitmqctl(*args: str) -> str:
+    done = subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True,
+                          timeout=60)
+    return done.stdout.decode(errors="replace")
 
 
 class RabbitVhost:
@@ -131,8 +142,37 @@ class RabbitVhost:
         rabbitmqctl("add_vhost", self.name)
         rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
 
-    def close_connections(self) -> None:
+    def connections(self) -> set[str]:
+        """The names (``peer -> local``) of the vhost's connections that are not closing: a
+        connection the server closed stays listed as ``closing`` until its client answers
+        (an idle client may not read its socket for a while), but it carries nothing."""
+        out = rabbitmqctl("list_connections", "--no-table-headers", "name", "vhost", "state")
+        names = set()
+        for line in out.splitlines():
+            name, vhost, state = [*line.rsplit("\t", 2), "", ""][:3]
+            if vhost.strip() == self.name and state.strip() not in ("closing", "closed"):
+                names.add(name.strip())
+        return names
+
+    def close_connections(self) -> int:
+        """Close every connection of the vhost; verified: none of those open before is open
+        after (one still opening when ``close_all_connections`` ran is closed by name).
+        Returns how many were closed."""
+        deadline = time.monotonic() + 20
+        while not (before := self.connections()):  # the last fault's reconnects may lag
+            if time.monotonic() > deadline:
+                raise FaultNotVerified(f"vhost {self.name} had no connection to close")
+            time.sleep(0.5)  # polling the broker's view
         rabbitmqctl("close_all_connections", "--vhost", self.name, "--limit", "10000", "chaos")
+        deadline = time.monotonic() + 20
+        while left := before & self.connections():
+            if time.monotonic() > deadline:
+                raise FaultNotVerified(f"RabbitMQ connections still open: {sorted(left)}")
+            time.sleep(0.5)  # polling the broker's view
+            for name in left:
+                with contextlib.suppress(subprocess.SubprocessError):
+                    rabbitmqctl("close_connection", name, "chaos")
+        return len(before)
 
     def delete(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError):
@@ -140,10 +180,21 @@ class RabbitVhost:
 
 
 # -- worker processes --------------------------------------------------------------------------
+def group_states(pgid: int) -> dict[int, str]:
+    """pid -> state letter of every live (not zombie) process in the process group."""
+    states = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                states[int(stat.parent.name)] = fields[0]
+    return states
+
+
 class Workers:
     """``count`` worker subprocesses, each its own process group; dead ones are restarted at
-    once (by :meth:`kill` itself, or by the monitor thread for deaths the harness did not
-    cause, e.g. a crash key's self-kill)."""
+    once (by :meth:`kill_random` itself, or by the monitor thread for deaths the harness did
+    not cause, e.g. a crash key's self-kill)."""
 
     def __init__(self, command: list[str], env: dict[str, str], cwd: Path, logdir: Path,
                  count: int, rng: random.Random) -> None:
@@ -151,8 +202,6 @@ class Workers:
         self.rng = rng
         self.procs: list[subprocess.Popen[bytes]] = []
         self.started = 0
-        self.kills = 0
-        self.stops = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._count = count
@@ -176,24 +225,44 @@ class Workers:
                 start_new_session=True,
             )
 
-    def kill_random(self) -> None:
-        """SIGKILL a random worker's whole process group and start a new one at once."""
+    def _pick_alive(self) -> int:
+        alive = [i for i, p in enumerate(self.procs) if p.poll() is None]
+        if not alive:
+            raise FaultNotVerified("no live worker to break")
+        return self.rng.choice(alive)
+
+    def kill_random(self) -> int:
+        """SIGKILL a random live worker's whole process group and start a new one at once.
+        Verified: the leader died of SIGKILL and no process of the group is left."""
         with self._lock:
-            i = self.rng.randrange(len(self.procs))
-            _signal_group(self.procs[i], signal.SIGKILL)
-            self.procs[i].wait(10)
+            i = self._pick_alive()
+            proc = self.procs[i]
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(10)
             self.procs[i] = self._spawn()
-            self.kills += 1
+        if proc.returncode != -signal.SIGKILL:
+            raise FaultNotVerified(f"worker {proc.pid} exited {proc.returncode}, not by SIGKILL")
+        wait_until(lambda: not group_states(proc.pid), 10, f"worker group {proc.pid} to die")
+        return proc.pid
 
     def stop_random(self, seconds: float) -> int:
         """SIGSTOP a random worker for ``seconds`` (longer than a lease or a session), then
-        SIGCONT it; returns its pid."""
-        with self._lock:
-            proc = self.procs[self.rng.randrange(len(self.procs))]
-            _signal_group(proc, signal.SIGSTOP)
-            self.stops += 1
+        SIGCONT it; returns its pid.  Verified: every process of its group was stopped (state
+        ``T``) at the start and at the end of the freeze.  A worker that dies first (a crash
+        key killing itself) is replaced by another one."""
+        for _ in range(3):
+            with self._lock:
+                proc = self.procs[self._pick_alive()]
+                _signal_group(proc, signal.SIGSTOP)
+            if _frozen(proc):
+                break
+        else:
+            raise FaultNotVerified("every worker chosen to stop died first")
         try:
             time.sleep(seconds)  # the fault's duration
+            if not _all_stopped(proc.pid):
+                raise FaultNotVerified(f"worker group {proc.pid} did not stay stopped: "
+                                       f"{group_states(proc.pid)}")
         finally:
             _signal_group(proc, signal.SIGCONT)
         return proc.pid
@@ -220,6 +289,24 @@ class Workers:
     def log_tail(self, chars: int = 4000) -> str:
         logs = sorted(self.logdir.glob("worker-*.log"))[-4:]
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in logs)
+
+
+def _frozen(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the SIGSTOPped group is stopped (False: it died first; raises when it lives on
+    unstopped)."""
+    deadline = time.monotonic() + 5
+    while proc.poll() is None and not _all_stopped(proc.pid):
+        if time.monotonic() > deadline:
+            _signal_group(proc, signal.SIGCONT)
+            raise FaultNotVerified(f"worker group {proc.pid} did not stop: "
+                                   f"{group_states(proc.pid)}")
+        time.sleep(0.02)  # polling /proc
+    return proc.poll() is None
+
+
+def _all_stopped(pgid: int) -> bool:
+    states = group_states(pgid)
+    return bool(states) and all(state == "T" for state in states.values())
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from idempotent_tasks import IdempotencyHandler, Status
 
 from ._body import OPERATIONS, TENANT, WorkerConfig
-from ._faults import PrivateRedis, Workers, restart_postgres, wait_until
+from ._faults import PrivateRedis, Workers, wait_until, wall_clock
 from ._ledger import Ledger
 from ._profile import Profile
 from ._verdict import LEDGER_PROFILES, RunFacts, check, report, summarize
@@ -63,13 +63,43 @@ class Integration(Protocol):
 
     def flush(self) -> None: ...
 
-    def broker_fault(self, workers: Workers) -> None: ...
+    def broker_fault(self, workers: Workers) -> str:
+        """Break the broker connections (verified); returns the evidence."""
+        ...
 
     def sent(self) -> list[tuple[Delivery, str]]: ...
 
     def results(self) -> dict[str, list[Any]]:
         """Delivery id -> every result that delivery was answered with (fresh or replayed)."""
         ...
+
+    def diagnose(self) -> str:
+        """The broker's view of the run (queue depths), for a drain that stalled."""
+        ...
+
+    def published_at(self, delivery_id: str) -> str:
+        """When the delivery was published (wall clock, as the worker logs print it)."""
+        ...
+
+    def figures(self, workdir: Path) -> dict[str, Any]:
+        """Figures of the integration's own faults (e.g. visibility-timeout redeliveries)."""
+        ...
+
+    def resend_lost(self, workdir: Path) -> int:
+        """Resend what the broker itself provably lost (only the Redis broker can); returns
+        how many deliveries were resent."""
+        ...
+
+
+class Database(Protocol):
+    """The run's database server, which the ``pg_restart`` fault restarts (the private
+    PostgreSQL cluster, or another suite's private server)."""
+
+    def restart(self) -> object:
+        """Restart it, verified (``FaultNotVerified`` otherwise); returns the evidence."""
+        ...
+
+    def ensure_running(self) -> None: ...
 
 
 @dataclass
@@ -84,6 +114,7 @@ class ChaosEnv:
     handler: IdempotencyHandler
     config: WorkerConfig
     redis: PrivateRedis
+    database: Database
     rng: random.Random
     crash_keys: dict[str, list[str]]
     keys: dict[str, list[str]]
@@ -161,14 +192,17 @@ class Producer(threading.Thread):
 
 
 class FaultDriver(threading.Thread):
-    """Fires each planned fault once the ledger reaches its threshold."""
+    """Fires each planned fault once the ledger reaches its threshold.  A fault is counted
+    only once it is verified (the ``_faults`` helpers raise ``FaultNotVerified`` otherwise,
+    which ends the driver with an error and fails the run); its evidence goes into the
+    timeline."""
 
     def __init__(self, integration: Integration, env: ChaosEnv, workers: Workers,
                  plan: list[tuple[float, str]]) -> None:
         super().__init__(daemon=True)
         self.integration, self.env, self.workers, self.plan = integration, env, workers, plan
         self.counts: dict[str, int] = {}
-        self.timeline: list[tuple[float, str]] = []
+        self.timeline: list[tuple[float, str, str]] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -185,25 +219,28 @@ class FaultDriver(threading.Thread):
                 wait_until(partial(self._reached, threshold), self.env.profile.timeout,
                            f"{threshold} ledger rows before {kind}")
                 last = self.env.ledger.count() or threshold
-                self._fire(kind)
+                at = wall_clock()
+                evidence = f"{at}: {self._fire(kind)}"
                 self.counts[kind] = self.counts.get(kind, 0) + 1
-                self.timeline.append((round(time.monotonic() - started, 1), kind))
+                self.timeline.append((round(time.monotonic() - started, 1), kind, evidence))
         except BaseException as exc:
             self.error = exc
 
     def _reached(self, rows: int) -> bool:
         return (self.env.ledger.count() or 0) >= rows
 
-    def _fire(self, kind: str) -> None:
+    def _fire(self, kind: str) -> str:
+        """Fire one fault; returns its evidence (what was verified)."""
         lease = self.env.config.lease
         actions: dict[str, Callable[[], object]] = {
-            "kill": self.workers.kill_random,
-            "stop": lambda: self.workers.stop_random(self.integration.stop_seconds),
+            "kill": lambda: f"pid {self.workers.kill_random()} gone",
+            "stop": lambda: f"pid {self.workers.stop_random(self.integration.stop_seconds)} "
+                            "stopped",
             "broker": lambda: self.integration.broker_fault(self.workers),
-            "pg_restart": restart_postgres,
-            "redis_stop": lambda: self.env.redis.outage(lease),
+            "pg_restart": lambda: str(self.env.database.restart()),
+            "redis_stop": lambda: self.env.redis.outage(lease) or "killed, refused, restarted",
         }
-        actions[kind]()
+        return str(actions[kind]())
 
 
 class CounterSampler(threading.Thread):
@@ -253,9 +290,9 @@ def run_chaos(integration: Integration, env: ChaosEnv) -> dict[str, Any]:
         for thread in (producer, driver, sampler):
             thread.start()
         _join(producer, driver, profile.timeout)
-        _drain(integration, env, workers)
+        _drain(integration, env, workers, driver)
         recovered = _recover(env)
-        _drain(integration, env, workers)
+        _drain(integration, env, workers, driver)
         duration = time.monotonic() - started
         sampler.halt.set()
         sampler.join(5)
@@ -266,6 +303,7 @@ def run_chaos(integration: Integration, env: ChaosEnv) -> dict[str, Any]:
         workers.close()
     summary = summarize(integration.name, env, facts, driver.counts, workers.restarts,
                         duration)
+    summary.update(integration.figures(env.workdir))
     summary["fault_timeline"] = driver.timeline
     summary["producer_publish_errors"] = producer.publish_errors
     report(summary)
@@ -285,37 +323,55 @@ def _join(producer: Producer, driver: FaultDriver, timeout: float) -> None:
     assert driver.error is None, f"the fault driver failed: {driver.error!r}"
 
 
-def _drain(integration: Integration, env: ChaosEnv, workers: Workers) -> None:
+def _drain(integration: Integration, env: ChaosEnv, workers: Workers,
+           driver: FaultDriver) -> None:
     """Wait until every key's record is SUCCESS and every delivery has its result."""
     want = {OPERATIONS[p]: len(keys) for p, keys in env.keys.items()}
     sent = {delivery_id for _, delivery_id in integration.sent()}
 
+    last_check = time.monotonic()
+
     def done() -> bool:
+        nonlocal last_check
         counts = env.ledger.status_counts()
-        if any(counts.get((op, "SUCCESS"), 0) < n for op, n in want.items()):
-            return False
         results = integration.results()
-        return all(results.get(i) for i in sent)
+        finished = all(counts.get((op, "SUCCESS"), 0) >= n for op, n in want.items()) and all(
+            results.get(i) for i in sent)
+        if not finished and time.monotonic() - last_check > 2:
+            last_check = time.monotonic()
+            integration.resend_lost(env.workdir)
+        return finished
 
     try:
         wait_until(done, env.profile.timeout / 2, "every scope SUCCESS and every delivery "
                    "answered", poll=0.5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_stalled(integration, env)}\n{workers.log_tail()}") from exc
+        raise AssertionError(f"{exc}\n{_stalled(integration, env)}\nfaults: {driver.timeline}"
+                             f"\n{workers.log_tail()}") from exc
 
 
 def _stalled(integration: Integration, env: ChaosEnv) -> str:
-    """What a drain that timed out was waiting for: scopes not SUCCESS, deliveries unanswered."""
-    lines = []
+    """What a drain that timed out was waiting for: scopes not SUCCESS, deliveries unanswered,
+    every worker log line that names them, and the broker's view of the run's queues."""
+    lines, needles = [], []
     for p, keys in env.keys.items():
         for key in keys:
             record = env.handler.get_record(operation=OPERATIONS[p], tenant=TENANT, key=key)
             if record is None or record.status is not Status.SUCCESS:
                 lines.append(f"scope {p}/{key}: {record}")
+                needles.append(key)
     results = integration.results()
-    lines += [f"unanswered delivery {d} id={i}" for d, i in integration.sent()
-              if not results.get(i)]
-    return "\n".join(lines[:30])
+    for d, i in integration.sent():
+        if not results.get(i):
+            lines.append(f"unanswered delivery {d} id={i} published {integration.published_at(i)}")
+            needles.append(i)
+    lines = lines[:30]
+    for log in sorted(env.workdir.glob("worker-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(n in line for n in needles[:30]):
+                lines.append(f"{log.name}: {line[:300]}")
+    lines.append(integration.diagnose())
+    return "\n".join(lines)
 
 
 def _recover(env: ChaosEnv) -> int:

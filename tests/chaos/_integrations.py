@@ -1,5 +1,6 @@
-"""The three integrations as the harness drives them: how to start a worker, publish a
-delivery, break the broker connection, and read back what every delivery was answered."""
+"""The integrations as the harness drives them: how to start a worker, publish a delivery,
+break the broker connection, and read back what every delivery was answered (the two Celery
+ones are in ``_celery.py``)."""
 
 from __future__ import annotations
 
@@ -17,100 +18,73 @@ import redis
 from tests._services import REDIS_URL
 
 from ._body import OPERATIONS, TENANT, WorkerConfig
-from ._faults import RabbitVhost, Workers
+from ._faults import RabbitVhost, Workers, rabbitmqctl, wall_clock
 from ._harness import Delivery
 
 ACTORS = {"transactional": "chaos_tx", "plain": "chaos_plain"}
 
 
 class _Sent:
-    """Deliveries published so far and their ids (thread-safe)."""
+    """Deliveries published so far, their ids and wall-clock publish times (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: list[tuple[Delivery, str]] = []
+        self.at: dict[str, str] = {}
 
     def add(self, delivery: Delivery, delivery_id: str) -> None:
         with self._lock:
             self._items.append((delivery, delivery_id))
+            self.at[delivery_id] = wall_clock()
 
     def items(self) -> list[tuple[Delivery, str]]:
         with self._lock:
             return list(self._items)
 
 
-class _RabbitIntegration:
-    """What the two RabbitMQ integrations share: the run's vhost, the deliveries sent, and a
-    broker fault that closes every connection of the vhost."""
+class BaseIntegration:
+    """What every integration shares: the deliveries sent, and nothing to add by default."""
 
-    def __init__(self, vhost: RabbitVhost) -> None:
-        self.vhost = vhost
+    def __init__(self) -> None:
         self._sent = _Sent()
         self._answers: dict[str, list[Any]] = {}
 
     def flush(self) -> None:
         return None
 
-    def broker_fault(self, workers: Workers) -> None:
-        self.vhost.close_connections()
-
     def sent(self) -> list[tuple[Delivery, str]]:
         return self._sent.items()
 
+    def published_at(self, delivery_id: str) -> str:
+        return self._sent.at.get(delivery_id, "?")
 
-class CeleryIntegration(_RabbitIntegration):
-    """Celery on RabbitMQ (threads pool, 4 threads per worker); each delivery is a task
-    message of its own, and its result (fresh or replayed) is read from the Redis result
-    backend."""
+    def diagnose(self) -> str:
+        return ""
 
-    name = "celery"
-    stop_seconds = 4.5  # longer than the 3 s lease: duplicates elsewhere take over
+    def figures(self, workdir: Path) -> dict[str, Any]:
+        return {}
 
-    def __init__(self, vhost: RabbitVhost, run_id: str) -> None:
-        from celery import Celery
-
-        super().__init__(vhost)
-        self.queue = f"chaos-{run_id}"
-        self.app = Celery("chaos-producer", broker=vhost.url(), set_as_current=False)
-        self.app.conf.update(task_default_queue=self.queue, broker_connection_retry_on_startup=True)
-        self._redis = redis.Redis.from_url(REDIS_URL)
-
-    def worker_command(self) -> list[str]:
-        return [sys.executable, "-m", "celery", "-A", "tests.chaos.celery_app", "worker",
-                "--pool", "threads", "--concurrency", "4", "--without-gossip",
-                "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING",
-                "-Q", self.queue]
-
-    def worker_config(self, base: WorkerConfig) -> WorkerConfig:
-        return replace(base, broker_url=self.vhost.url(), queue=self.queue, result_url=REDIS_URL)
-
-    def publish(self, delivery: Delivery) -> None:
-        result = self.app.send_task(
-            OPERATIONS[delivery.profile], args=(delivery.key,), queue=self.queue,
-            headers={"idempotency_key": delivery.key, "idempotency_tenant": TENANT},
-        )
-        self._sent.add(delivery, result.id)
-
-    def results(self) -> dict[str, list[Any]]:
-        pending = [i for _, i in self._sent.items() if i not in self._answers]
-        for start in range(0, len(pending), 500):
-            chunk = pending[start:start + 500]
-            values = self._redis.mget([f"celery-task-meta-{i}" for i in chunk])
-            for task_id, raw in zip(chunk, values, strict=True):
-                meta = json.loads(raw) if raw else {}
-                if meta.get("status") == "SUCCESS":
-                    self._answers[task_id] = [meta["result"]]
-        return self._answers
-
-    def close(self) -> None:
-        ids = [f"celery-task-meta-{i}" for _, i in self._sent.items()]
-        for start in range(0, len(ids), 1000):
-            self._redis.delete(*ids[start:start + 1000])
-        self._redis.close()
-        self.app.close()
+    def resend_lost(self, workdir: Path) -> int:
+        return 0
 
 
-class DramatiqIntegration(_RabbitIntegration):
+class RabbitIntegration(BaseIntegration):
+    """What the RabbitMQ integrations share: the run's vhost and a broker fault that closes
+    every connection of the vhost."""
+
+    def __init__(self, vhost: RabbitVhost) -> None:
+        super().__init__()
+        self.vhost = vhost
+
+    def broker_fault(self, workers: Workers) -> str:
+        return f"{self.vhost.close_connections()} connections closed"
+
+    def diagnose(self) -> str:
+        return rabbitmqctl("list_queues", "-p", self.vhost.name, "name", "messages_ready",
+                           "messages_unacknowledged")
+
+
+class DramatiqIntegration(RabbitIntegration):
     """Dramatiq on RabbitMQ (1 process x 4 threads per worker); each delivery's result is
     read back through Dramatiq's ``Results`` (Redis, a namespace per run)."""
 
@@ -124,7 +98,9 @@ class DramatiqIntegration(_RabbitIntegration):
         super().__init__(vhost)
         self.queue = f"chaos_{run_id}"
         self.namespace = f"chaos-{run_id}-results"
-        self.broker = RabbitmqBroker(url=vhost.url(), middleware=[])
+        # Publisher confirms: without them an enqueue that returned can still be dropped by a
+        # connection the broker is closing (the run's broker faults do exactly that).
+        self.broker = RabbitmqBroker(url=vhost.url(), middleware=[], confirm_delivery=True)
         self.broker.declare_queue(self.queue)
         self.backend = RedisBackend(url=REDIS_URL, namespace=self.namespace)
         self._messages: dict[str, Any] = {}
@@ -169,7 +145,7 @@ class DramatiqIntegration(_RabbitIntegration):
         self.broker.close()
 
 
-class KafkaIntegration:
+class KafkaIntegration(BaseIntegration):
     """The Kafka consumer loop on Tansu: one topic and group per ledger profile; each
     delivery's outcome comes from the loops' ``on_outcome`` (JSON lines per process)."""
 
@@ -190,7 +166,7 @@ class KafkaIntegration:
         self.outcomes = workdir / "outcomes"
         self.outcomes.mkdir()
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        self._sent = _Sent()
+        super().__init__()
         self._failed: list[str] = []
 
     def worker_command(self) -> list[str]:
@@ -220,13 +196,11 @@ class KafkaIntegration:
         assert self.producer.flush(30) == 0, "messages left unsent"
         assert not self._failed, f"produce failed: {self._failed[:5]}"
 
-    def broker_fault(self, workers: Workers) -> None:
+    def broker_fault(self, workers: Workers) -> str:
         """Kafka's connection fault: a consumer frozen past its session timeout is evicted
         from the group; its partitions (and in-flight messages) go to the others."""
-        workers.stop_random(self.session_ms / 1000 + 3)
-
-    def sent(self) -> list[tuple[Delivery, str]]:
-        return self._sent.items()
+        pid = workers.stop_random(self.session_ms / 1000 + 3)
+        return f"pid {pid} stopped past the session timeout"
 
     def results(self) -> dict[str, list[Any]]:
         answers: dict[str, list[Any]] = {}

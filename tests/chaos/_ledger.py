@@ -12,15 +12,12 @@ from typing import Any
 
 import psycopg
 
-from tests._services import POSTGRES_URL
-
-DSN = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-
 
 class Database:
     """One autocommit connection, re-opened after a failure."""
 
-    def __init__(self) -> None:
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
 
@@ -28,7 +25,7 @@ class Database:
         with self._lock:
             try:
                 if self._conn is None:
-                    self._conn = psycopg.connect(DSN, autocommit=True, connect_timeout=2)
+                    self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=2)
                 cur = self._conn.execute(sql, params)
                 return cur.fetchall() if cur.description is not None else []
             except psycopg.OperationalError:
@@ -50,12 +47,12 @@ class Database:
 class Ledger:
     """``<run>_ledger``: no unique constraint, so a double execution shows as two rows."""
 
-    def __init__(self, run_id: str, prefix: str) -> None:
+    def __init__(self, run_id: str, prefix: str, dsn: str) -> None:
         self.table = f"chaos_{run_id}_ledger"
         self.crash_table = f"chaos_{run_id}_crashes"
         self.records = f"{prefix}_records"
         self.counters = f"{prefix}_retry_counters"
-        self.db = Database()
+        self.db = Database(dsn)
 
     def create(self) -> None:
         self.db.must(

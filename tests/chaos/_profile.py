@@ -1,4 +1,4 @@
-"""Chaos profiles: one code path, two sizes (``CHAOS_PROFILE=ci|long``, default ``ci``)."""
+"""Chaos profiles: one code path, three sizes (``CHAOS_PROFILE=ci|broker|long``, default ``ci``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,13 @@ PROFILES = {
     "ci": Profile(
         name="ci", operations=550, duplicate_fraction=0.3, workers=3, kills=6, stops=2,
         broker_faults=1, pg_restarts=1, redis_stops=1, crash_keys=3, publish_seconds=30.0,
+        timeout=300.0,
+    ),
+    # The CI profile with eight broker-connection faults instead of one: how the Dramatiq
+    # drain stall was reproduced (docs/guarantees.md).
+    "broker": Profile(
+        name="broker", operations=550, duplicate_fraction=0.3, workers=3, kills=6, stops=2,
+        broker_faults=8, pg_restarts=1, redis_stops=1, crash_keys=3, publish_seconds=30.0,
         timeout=300.0,
     ),
     "long": Profile(

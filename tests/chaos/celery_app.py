@@ -2,14 +2,21 @@
 
 Both ledger profiles are tasks of one app on one queue: ``chaos.tx`` (``transactional=True``)
 and ``chaos.plain``.  Defaults of the integration are kept (``acks_late``,
-``reject_on_worker_lost``); retries are made short so a run stays within its budget.
+``reject_on_worker_lost``); retries are made short so a run stays within its budget.  The
+broker is RabbitMQ (with publisher confirms) or Redis (a short ``visibility_timeout`` and a
+1 s unacked-restore sweep), from the transport options the harness passes.  Every delivery
+is logged (``chaos_delivery``), and so is every retry published (``chaos_retry``), so that the
+harness can count redeliveries and tell a message that never arrived from one that was
+processed.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 from idempotent_tasks.celery import IdempotentTask, setup
 
@@ -25,7 +32,24 @@ app.conf.update(
     result_expires=3600,
     worker_hijack_root_logger=False,
     worker_enable_remote_control=False,
+    broker_transport_options=cfg.broker_options,
 )
+LOG = logging.getLogger("chaos")
+
+
+@signals.task_prerun.connect
+def log_delivery(task_id: str = "", task: Any = None, args: Any = (), **_: Any) -> None:
+    redelivered = bool((getattr(task.request, "delivery_info", None) or {}).get("redelivered"))
+    LOG.warning("chaos_delivery task_id=%s key=%s redelivered=%s at=%.3f", task_id,
+                args[0] if args else "?", redelivered, time.time())
+
+
+@signals.task_retry.connect
+def log_retry(request: Any = None, **_: Any) -> None:
+    """Sent once ``Task.retry`` has published the retry message (a new broker message)."""
+    LOG.warning("chaos_retry task_id=%s at=%.3f", getattr(request, "id", "?"), time.time())
+
+
 handler = make_handler(cfg)
 setup(app, handler, beat=False, maintenance="worker", recover_every=2.0)
 ledger = LedgerWriter(cfg)

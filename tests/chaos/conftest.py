@@ -1,5 +1,6 @@
 """Fixtures of the chaos suite: a fresh store, ledger and private Redis per run, a RabbitMQ
-vhost per run, the session's Tansu broker; PostgreSQL is always left running."""
+vhost per run, the session's Tansu broker and the session's private PostgreSQL cluster (the
+one the runs restart; always left running)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from typing import Any
 import pytest
 
 from idempotent_tasks import IdempotencyHandler, SQLStore
-from tests._services import IN_CI, POSTGRES_URL, require
+from tests._private_postgres import PrivatePostgres
+from tests._services import IN_CI, require
 from tests.consumers.conftest import kafka_bootstrap  # noqa: F401  (the session's Tansu)
 
 from ._body import WorkerConfig
-from ._faults import PrivateRedis, RabbitVhost, ensure_postgres
+from ._faults import PrivateRedis, RabbitVhost
 from ._harness import ChaosEnv, make_keys
 from ._integrations import new_run_id
-from ._ledger import DSN, Ledger
+from ._ledger import Ledger
 from ._profile import current_profile
 from ._verdict import SUMMARIES, format_summary
 
@@ -39,38 +41,38 @@ def _require_binary(name: str) -> None:
 
 
 @pytest.fixture
-def chaos_env(tmp_path: Path) -> Iterator[ChaosEnv]:
-    require("postgres")
-    for binary in ("redis-server", "pg_ctlcluster", "pg_isready"):
-        _require_binary(binary)
+def chaos_env(tmp_path: Path, private_postgres: PrivatePostgres) -> Iterator[ChaosEnv]:
+    _require_binary("redis-server")
+    pg = private_postgres
+    pg.ensure_running()
     profile = current_profile()
     seed = int(os.environ.get("CHAOS_SEED", random.randrange(1 << 30)))
     print(f"chaos seed: CHAOS_SEED={seed}")
     rng = random.Random(seed)
     run_id = new_run_id()
     prefix = f"chaos_{run_id}"
-    store = SQLStore(POSTGRES_URL, table_prefix=prefix)
+    store = SQLStore(pg.url, table_prefix=prefix)
     store.create_schema()
-    ledger = Ledger(run_id, prefix)
+    ledger = Ledger(run_id, prefix, pg.dsn)
     ledger.create()
     cache = PrivateRedis(tmp_path)
     cache.start()
     keys = make_keys(profile, rng)
     crash_keys = {p: rng.sample(k, profile.crash_keys) for p, k in keys.items()}
     config = WorkerConfig(
-        store_url=POSTGRES_URL, dsn=DSN, prefix=prefix, ledger=ledger.table,
+        store_url=pg.url, dsn=pg.dsn, prefix=prefix, ledger=ledger.table,
         crash_table=ledger.crash_table, cache_url=cache.url, lease=LEASE, heartbeat=HEARTBEAT,
         max_retries=MAX_RETRIES, crash_keys=[k for ks in crash_keys.values() for k in ks],
     )
     handler = IdempotencyHandler(store, metrics=None, lease_timeout=LEASE,
                                  max_retries=MAX_RETRIES)
-    env = ChaosEnv(profile, run_id, tmp_path, ROOT, ledger, handler, config, cache, rng,
+    env = ChaosEnv(profile, run_id, tmp_path, ROOT, ledger, handler, config, cache, pg, rng,
                    crash_keys, keys)
     try:
         yield env
     finally:
         cache.stop()
-        ensure_postgres()
+        pg.ensure_running()
         ledger.drop()
         store.drop_schema()
         store.close()

@@ -7,16 +7,30 @@ or replayed — can be read back by the harness.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import dramatiq
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.middleware import Middleware
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
 from idempotent_tasks.dramatiq import IdempotencyMiddleware, current_connection, idempotent_actor
 
 from ._body import OPERATIONS, LedgerWriter, WorkerConfig, make_handler
+
+
+class DeliveryLog(Middleware):
+    """Logs every delivery this worker receives, so that a drain that stalls can tell a
+    message that never arrived from one that was processed."""
+
+    log = logging.getLogger("chaos")
+
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
+        self.log.info("chaos_delivery message_id=%s redelivered=%s", message.message_id,
+                      getattr(message, "redelivered", None))
+
 
 cfg = WorkerConfig.from_env()
 handler = make_handler(cfg)
@@ -27,6 +41,7 @@ broker.add_middleware(
         backend=RedisBackend(url=cfg.result_url, namespace=cfg.result_namespace)
     )
 )
+broker.add_middleware(DeliveryLog())
 dramatiq.set_broker(broker)
 ledger = LedgerWriter(cfg)
 FAST: dict[str, Any] = {

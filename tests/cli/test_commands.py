@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from idempotent_tasks.cli import (
     main,
 )
 from idempotent_tasks.cli._app import cli_logging
+from idempotent_tasks.cli._render import ago, duration
 from idempotent_tasks.testing import simulate_crash
 
 from .._services import POSTGRES_URL, require
@@ -308,7 +310,9 @@ def test_missing_schema_says_run_migrate_once(
     backend: str, command: list[str], tmp_path: Path
 ) -> None:
     if backend == "sqlite":
-        args = ["--store", f"sqlite:///{tmp_path / 'never-migrated.db'}"]
+        path = tmp_path / "never-migrated.db"
+        sqlite3.connect(path).close()  # a database file with no schema in it
+        args = ["--store", f"sqlite:///{path}"]
     else:
         require("postgres")
         args = ["--store", POSTGRES_URL, "--prefix", unique_prefix("nomigrate")]
@@ -378,3 +382,43 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_STORE_UNAVAILABLE
     assert "error: STORE_UNAVAILABLE" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("command", [["stats"], ["list"], ["inspect", "t", "op", "k"],
+                                     ["recover"], ["cleanup"], ["unpoison", "t", "op", "k"]])
+def test_a_missing_sqlite_file_is_not_created(command: list[str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --store (the default sqlite:///idempotency.db) or a mistyped path: the CLI says
+    there is no such database instead of letting SQLite create an empty file."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IDEMPOTENT_TASKS_STORE", raising=False)
+    default = CliRunner().invoke(cli, command)
+    assert default.exit_code == EXIT_CONFIGURATION == 5, default.output
+    assert default.stderr == (
+        "error: no such database: idempotency.db does not exist; schema not created: run "
+        "`idempotent-tasks --store sqlite:///idempotency.db migrate`\n")
+    typo = tmp_path / "idempotncy.db"
+    mistyped = CliRunner().invoke(cli, ["--store", f"sqlite:///{typo}", "--prefix", "app",
+                                        *command])
+    assert mistyped.exit_code == 5
+    assert mistyped.stderr.startswith(f"error: no such database: {typo} does not exist")
+    assert "--prefix app migrate`" in mistyped.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_still_creates_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IDEMPOTENT_TASKS_STORE", raising=False)
+    assert CliRunner().invoke(cli, ["migrate"]).exit_code == 0
+    assert (tmp_path / "idempotency.db").is_file()
+    assert CliRunner().invoke(cli, ["stats"]).exit_code == 0
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.4, "0s"), (59.4, "59s"), (59.6, "1m 0s"), (2819.6, "47m 0s"), (2819.4, "46m 59s"),
+    (3599.7, "1h 0m"), (7500, "2h 5m"), (86399.9, "1d 0h"), (90000, "1d 1h"),
+])
+def test_durations_never_show_60_of_a_unit(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+    assert ago(1000.0 + seconds, 1000.0) == f"in {text}"
+    assert ago(1000.0 - seconds, 1000.0) == f"{text} ago"

@@ -121,3 +121,15 @@ def test_alert_rules_are_valid_yaml_and_cover_the_failure_modes() -> None:
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
         assert rule["expr"].count("(") == rule["expr"].count(")")
+
+
+def test_observability_doc_lists_every_metric_and_alert() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    for name in _exposed_names():
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert f"`{base}`" in doc, base
+    alerts = re.findall(r"- alert: (\w+)", (EXAMPLES / "prometheus-alerts.yml").read_text())
+    assert alerts
+    for alert in alerts:
+        assert f"`{alert}`" in doc, alert
+    assert "\n## Tracing\n" in doc

@@ -50,8 +50,8 @@ def test_redis_urls_get_prefix_under_either_name() -> None:
 
 
 def test_unknown_or_malformed_urls() -> None:
-    with pytest.raises(ConfigurationError, match="unknown store URL scheme 'mysql'"):
-        store_from_url("mysql://root:pw@localhost/x")
+    with pytest.raises(ConfigurationError, match="unknown store URL scheme 'mongodb'"):
+        store_from_url("mongodb://root:pw@localhost/x")
     with pytest.raises(ConfigurationError, match="not a store URL"):
         store_from_url("idempotency.db")
 

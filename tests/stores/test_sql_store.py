@@ -1,16 +1,14 @@
 """SQLStore beyond the shared contract: schema, configuration, failure modes against a real
-PostgreSQL (stopped and restarted mid-test), SQLite shared by several OS processes, and the
-§2b body transaction.  Races are forced with barriers and events, never with sleeps."""
+PostgreSQL (the session's private cluster, stopped and restarted mid-test), SQLite shared by
+several OS processes, and the §2b body transaction.  Races are forced with barriers and
+events, never with sleeps."""
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import re
-import shutil
 import sqlite3
-import subprocess
 import threading
 import time
 import uuid
@@ -29,6 +27,7 @@ from idempotent_tasks._core.records import Scope, Status
 from idempotent_tasks.stores.base import ClaimRequest, TransactionalStore
 from idempotent_tasks.stores.sql import POSTGRESQL_DDL, build_metadata
 
+from .._private_postgres import PrivatePostgres, refused
 from .._services import POSTGRES_URL, require
 from ..conftest import unique_prefix
 
@@ -383,7 +382,7 @@ def test_table_prefix_must_be_an_identifier(prefix: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["mysql://root@localhost/test", "sqlite://", "sqlite:///:memory:", "postgresql+psycopg2://x/y"],
+    ["mysql+mysqldb://root@localhost/test", "sqlite://", "sqlite:///:memory:", "postgresql+psycopg2://x/y"],
 )
 def test_unsupported_urls_are_configuration_errors(url: str) -> None:
     with pytest.raises(ConfigurationError):
@@ -528,43 +527,6 @@ def test_sqlite_database_locked_becomes_store_unavailable(tmp_path: Path) -> Non
         waiter.close()
 
 
-def _pg_ctl(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-
-
-def _wait_for_postgres(deadline_s: float = 60.0) -> None:
-    import psycopg
-
-    dsn = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            psycopg.connect(dsn, connect_timeout=2).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)  # polling readiness, not waiting for a race
-
-
-def _ensure_postgres_running() -> None:
-    """Always leave PostgreSQL running, whatever happened to the stop/restart."""
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-        check=False,  # "already running" is fine
-        timeout=120,
-        capture_output=True,
-    )
-    _wait_for_postgres()
-
-
 def _fill_idle_connections(store: SQLStore, n: int) -> None:
     """Leave ``n`` idle pooled connections: n threads hold a connection at the same time."""
     barrier = threading.Barrier(n)
@@ -585,17 +547,21 @@ def _fill_idle_connections(store: SQLStore, n: int) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_restart_fails_closed_then_recovers_without_manual_steps() -> None:
-    require("postgres")
-    if shutil.which("pg_ctlcluster") is None or not os.path.isdir("/etc/postgresql"):
-        pytest.skip("needs pg_ctlcluster to stop and start the local cluster")
-    store = SQLStore(POSTGRES_URL, table_prefix=unique_prefix("rs"), connect_timeout=2)
+def test_postgres_restart_fails_closed_then_recovers_without_manual_steps(
+    private_postgres: PrivatePostgres,
+) -> None:
+    """Against the session's private cluster (the machine's PostgreSQL is never restarted);
+    the stop and the restart are verified (no postmaster and a refused connection; a new
+    postmaster pid)."""
+    pg = private_postgres
+    store = SQLStore(pg.url, table_prefix=unique_prefix("rs"), connect_timeout=2)
     store.create_schema()
     try:
         t = token_of(store)
         _fill_idle_connections(store, 4)
         try:
-            _pg_ctl("stop")
+            pg.stop()
+            assert pg.postmaster_pid() is None and refused(pg.port), "PostgreSQL did not stop"
             for call in (lambda: store.get(S), lambda: claim(store), lambda: store.get(S)):
                 start = time.monotonic()
                 with pytest.raises(StoreUnavailableError) as info:
@@ -603,7 +569,7 @@ def test_postgres_restart_fails_closed_then_recovers_without_manual_steps() -> N
                 assert info.value.code == ErrorCode.STORE_UNAVAILABLE
                 assert time.monotonic() - start < 5
         finally:
-            _ensure_postgres_running()
+            pg.ensure_running()
         got = store.get(S)  # the first call after the restart works
         assert got is not None and got.fencing_token == t
         assert store.mark_success(S, token=t, response=b"1", now=NOW, expires_at=NOW + 60)
@@ -611,10 +577,8 @@ def test_postgres_restart_fails_closed_then_recovers_without_manual_steps() -> N
         # Restarted while idle, nobody calling meanwhile: the first call finds the dead
         # connection and discards every idle one with it, so the next call works.
         _fill_idle_connections(store, 4)
-        try:
-            _pg_ctl("restart")
-        finally:
-            _ensure_postgres_running()
+        restart = pg.restart()  # verified: a refused connection, then a new postmaster pid
+        assert restart.new_pid != restart.old_pid
         failures = 0
         for _ in range(2):
             try:
@@ -862,7 +826,8 @@ def test_a_store_inherited_across_fork_keeps_working_in_both(sql_store: SQLStore
 
 # -- §2b body transactions ------------------------------------------------------------------------
 @pytest.fixture
-def ledger(sql_store: SQLStore) -> sa.Table:
+def ledger(sql_store: SQLStore) -> Iterator[sa.Table]:
+    """The body's own table, under the test's prefix; dropped afterwards like the store's."""
     table = sa.Table(
         f"{sql_store.table_prefix}_ledger",
         sa.MetaData(),
@@ -870,7 +835,10 @@ def ledger(sql_store: SQLStore) -> sa.Table:
         sa.Column("amount", sa.Integer, nullable=False),
     )
     table.create(sql_store.engine)
-    return table
+    try:
+        yield table
+    finally:
+        table.drop(sql_store.engine, checkfirst=True)
 
 
 def _ledger_rows(store: SQLStore, ledger: sa.Table) -> list[tuple[Any, ...]]:

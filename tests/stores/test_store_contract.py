@@ -1,12 +1,53 @@
-"""The store contract (stores/base.py), run against every store."""
+"""The store contract (stores/base.py), run against every store: the sync ones and the
+async ones (``AsyncSQLStore``, ``AsyncRedisStore``, their coroutines run on a loop of their
+own through ``tests._async_stores.SyncStore``)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from idempotent_tasks._core.records import CreateResult, Scope, Status
 from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
+
+from .._async_stores import (
+    ASYNC_STORE_KINDS,
+    LoopThread,
+    SyncStore,
+    drop_async_store,
+    make_async_store,
+)
+from ..conftest import STORE_KINDS, drop_store, make_store, unique_prefix
+
+
+@pytest.fixture(params=STORE_KINDS + ASYNC_STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
+    if store_kind not in ASYNC_STORE_KINDS:
+        s = make_store(store_kind, tmp_path)
+        try:
+            yield s
+        finally:
+            drop_store(s)
+        return
+    loop = LoopThread()
+    try:
+        inner = make_async_store(store_kind, unique_prefix("ac"), loop)
+        try:
+            yield SyncStore(inner)
+        finally:
+            drop_async_store(inner)
+    finally:
+        loop.close()
 
 NOW = 1_700_000_000.0
 LEASE = NOW + 30

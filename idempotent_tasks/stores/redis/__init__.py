@@ -7,7 +7,11 @@
   Durability is Redis's own: with ``appendonly yes`` and ``appendfsync always`` a claim
   survives a server crash; with snapshots or no persistence a restart forgets claims (and
   duplicates may then run again).  A failover to a replica that had not received the last
-  writes forgets them too.
+  writes forgets them too, unless ``wait_replicas=N``: then every claim, heartbeat and
+  outcome write is followed by ``WAIT N wait_timeout`` in the same round trip and is
+  acknowledged only once ``N`` replicas have it (short: ``STORE_UNAVAILABLE`` before the
+  body, ``OUTCOME_NOT_RECORDED`` after; see ``_replication`` and docs/redis.md).  With
+  ``wait_replicas=0`` (the default) nothing of this is sent.
 * Atomic primitive: Lua scripts (``EVALSHA``, loaded again on ``NOSCRIPT``), each touching
   only keys of one hash slot, so the same scripts run on a standalone server and on Redis
   Cluster.  No check-then-act across round trips anywhere.
@@ -80,6 +84,7 @@ from ._client import (
     import_redis,
 )
 from ._records import DIGEST_DIGITS, SHARD_DIGITS
+from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._store import CLAIM_CHUNK, RedisStore
 
 if TYPE_CHECKING:
@@ -92,6 +97,7 @@ __all__ = [
     "DEFAULT_GC_TTL",
     "DEFAULT_PREFIX",
     "DEFAULT_SOCKET_TIMEOUT",
+    "DEFAULT_WAIT_TIMEOUT",
     "DIGEST_DIGITS",
     "INSTALL_HINT",
     "SHARD_DIGITS",

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -48,6 +49,25 @@ class ThreadConnections:
             conn = self._open()
         conn.send_command(*args)
         return conn.read_response()
+
+    def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` in one write on this thread's connection and read every reply
+        (one round trip).  Error replies are returned in place, not raised: all replies are
+        read either way, so the connection stays in step."""
+        from redis.exceptions import ResponseError
+
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            conn = self._open()
+        conn.send_packed_command(conn.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
 
     def _open(self) -> Any:
         conn = self._class(**self._kwargs)

@@ -27,6 +27,7 @@ from ._client import (
 )
 from ._direct import thread_connections
 from ._records import Keys, shards
+from ._replication import DEFAULT_WAIT_TIMEOUT, ReplicaWaits, check_wait_options
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -66,11 +67,14 @@ class RedisPlumbing:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         gc_ttl: float = DEFAULT_GC_TTL,
+        wait_replicas: int = 0,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     ) -> None:
         redis = import_redis()
         from redis.commands.core import Script
 
         _check_options(prefix, connect_timeout, socket_timeout, gc_ttl)
+        check_wait_options(wait_replicas, wait_timeout, socket_timeout)
         self.prefix = prefix
         self._url = url_or_client if isinstance(url_or_client, str) else None
         self._timeouts = (connect_timeout, socket_timeout)
@@ -96,6 +100,21 @@ class RedisPlumbing:
         self._mark_success = self._scripts["mark_success"]
         self._gc_ms = str(int(gc_ttl * 1000)).encode()  # encoded once, sent with every write
         self._shards = shards(prefix)
+        self.wait_replicas = wait_replicas
+        self._waits = self._replica_waits(wait_replicas, wait_timeout)
+
+    def _replica_waits(self, replicas: int, timeout: float) -> ReplicaWaits | None:
+        """``WAIT`` after every claim and outcome write (``_replication``); None: never."""
+        if not replicas:
+            return None
+        if self._cluster:
+            raise ConfigurationError(
+                "wait_replicas is not supported on Redis Cluster (WAIT is per node); see "
+                "docs/redis.md"
+            )
+        return ReplicaWaits(
+            replicas, timeout, self._scripts, self._direct, self._noscript, self._errors
+        )
 
     def _register(self, script_class: type[Script]) -> dict[str, Script]:
         """Every script, registered once: the SHA-1 is computed here, locally (nothing is
@@ -124,6 +143,9 @@ class RedisPlumbing:
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """EVALSHA, loading the script once more when the server does not know it (first
         use, restart, failover).  NOSCRIPT means nothing ran, so running again is safe."""
+        waits = self._waits
+        if waits is not None and waits.covers(script):
+            return waits.eval(self._conn(), script, keys, args)
         direct = self._direct  # standalone: this thread's held connection
         send = direct.execute if direct is not None else partial(command, self._conn())
         try:
@@ -147,6 +169,8 @@ class RedisPlumbing:
         if len(calls) == 1:
             return [self._eval(script, *calls[0])]
         client = self._conn()
+        if self._waits is not None and self._waits.covers(script):
+            return self._waits.eval_many(client, script, calls)
         replies = pipeline_eval(client, script, calls)
         missing = [i for i, r in enumerate(replies) if isinstance(r, self._noscript)]
         if missing:

@@ -1,4 +1,5 @@
-"""SQL store: PostgreSQL (psycopg 3) and SQLite, one schema, one contract.
+"""SQL store: PostgreSQL (psycopg 3), MySQL 8 / MariaDB 10.11 (PyMySQL) and SQLite, one
+schema, one contract.
 
 * Guarantee: every primitive of :class:`~idempotent_tasks.stores.base.Store` is atomic in the
   database, across threads, processes and hosts sharing it.  Records, retry counters and
@@ -20,7 +21,9 @@
   ``<prefix>_fencing_seq`` (``BIGINT``, ``CACHE 1``: values grow in real-time order across
   sessions; a value drawn by an insert that then conflicted is a gap).  SQLite: the one-row
   table ``<prefix>_fencing`` (``last_token``), read by the claim's INSERT under the write
-  lock and raised by ``AFTER INSERT`` / ``AFTER UPDATE OF fencing_token`` triggers.
+  lock and raised by ``AFTER INSERT`` / ``AFTER UPDATE OF fencing_token`` triggers.  MySQL:
+  the records table's ``AUTO_INCREMENT`` column, drawn by the claim's own INSERT (and by the
+  ``REPLACE`` of a takeover) and returned with the statement's answer (``_mysql.py``).
   ``create_schema()`` creates them, on a database made by an earlier version too, starting
   above the largest token stored there.
 * TTL: nothing expires by itself.  Timestamps are epoch seconds from the handler's clock,
@@ -39,9 +42,16 @@
   the next call reconnects without manual steps.  On PostgreSQL every call has a deadline
   (``socket_timeout``, default 30 s): a call on a link that went silent has its connection
   broken by a watchdog thread and fails closed instead of hanging until TCP gives up.
+* MySQL/MariaDB (``_mysql.py``): claims are ``INSERT IGNORE`` (one statement; a duplicate then
+  reads the record), multi-statement primitives are short transactions that lock the record
+  first, connections run ``READ COMMITTED`` (no gap locks), deadlock victims run again, and
+  ``delete_expired`` uses ``FOR UPDATE SKIP LOCKED``; scope columns are byte-exact
+  ``VARBINARY``; ``socket_timeout`` becomes PyMySQL's read/write timeouts (a silent link fails
+  closed).  Transactional mode works the same on InnoDB.
 * Connection string: ``postgresql+psycopg://user:pass@host:5432/db`` (``postgresql://`` means
-  psycopg 3 too), ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using psycopg or
-  the stdlib sqlite3 driver.  The constructor never connects.
+  psycopg 3 too), ``mysql+pymysql://user:pass@host:3306/db`` (``mysql://`` and
+  ``mariadb+pymysql://`` too), ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using
+  psycopg, PyMySQL or the stdlib sqlite3 driver.  The constructor never connects.
 
 The schema: :func:`build_metadata` (the three tables as SQLAlchemy Core) and
 :data:`POSTGRESQL_DDL` (what ``create_schema()`` emits on a fresh PostgreSQL database with the

@@ -23,6 +23,11 @@ from ..._core.errors import ConfigurationError
 
 _PG_DRIVERS: Final = frozenset({"postgresql", "postgres", "postgresql+psycopg"})
 _SQLITE_DRIVERS: Final = frozenset({"sqlite", "sqlite+pysqlite"})
+#: ``mysql://`` means PyMySQL; ``mariadb+pymysql://`` selects SQLAlchemy's MariaDB dialect.
+_MYSQL_DRIVERS: Final = {
+    "mysql": "mysql+pymysql", "mysql+pymysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql", "mariadb+pymysql": "mariadb+pymysql",
+}
 
 
 # -- raw connections --------------------------------------------------------------------------
@@ -240,13 +245,18 @@ def _dialect_name(engine: Engine) -> str:
         return "postgresql"
     if dialect.name == "sqlite" and dialect.driver == "pysqlite":
         return "sqlite"
+    if dialect.name in ("mysql", "mariadb") and dialect.driver == "pymysql":
+        return "mysql"
     raise ConfigurationError(
-        f"SQLStore supports PostgreSQL through psycopg 3 and SQLite through sqlite3, not "
-        f"{dialect.name}+{dialect.driver}"
+        f"SQLStore supports PostgreSQL through psycopg 3, MySQL/MariaDB through PyMySQL and "
+        f"SQLite through sqlite3, not {dialect.name}+{dialect.driver}"
     )
 
 
-def _make_engine(url_or_engine: str | Engine, timeout: float, pool_size: int) -> Engine:
+def _make_engine(
+    url_or_engine: str | Engine, timeout: float, pool_size: int,
+    socket_timeout: float | None = None,
+) -> Engine:
     """Build (never connect) an engine; an Engine passed in is used as it is."""
     if isinstance(url_or_engine, Engine):
         return url_or_engine
@@ -270,14 +280,23 @@ def _make_engine(url_or_engine: str | Engine, timeout: float, pool_size: int) ->
                 "is private to one connection; use MemoryStore for tests"
             )
         connect_args = {"timeout": timeout, "check_same_thread": False}
+    elif url.drivername in _MYSQL_DRIVERS:
+        from ._mysql_setup import connect_args as mysql_args
+
+        url = url.set(drivername=_MYSQL_DRIVERS[url.drivername])
+        connect_args = mysql_args(timeout, socket_timeout)
+        pool["isolation_level"] = "READ COMMITTED"  # see _mysql.py: no gap locks
     else:
         raise ConfigurationError(
-            f"unsupported SQLStore URL scheme {url.drivername!r}: use postgresql+psycopg:// "
-            "or sqlite:///"
+            f"unsupported SQLStore URL scheme {url.drivername!r}: use postgresql+psycopg://, "
+            "mysql+pymysql:// or sqlite:///"
         )
     try:
         return sa.create_engine(url, connect_args=connect_args, **pool)
     except ImportError as exc:
-        raise ConfigurationError(
-            "PostgreSQL support needs psycopg 3: pip install 'idempotent-tasks[postgres]'"
-        ) from exc
+        needs = (
+            "MySQL/MariaDB support needs PyMySQL: pip install 'idempotent-tasks[mysql]'"
+            if url.drivername in _MYSQL_DRIVERS.values()
+            else "PostgreSQL support needs psycopg 3: pip install 'idempotent-tasks[postgres]'"
+        )
+        raise ConfigurationError(needs) from exc

@@ -17,6 +17,8 @@ SCHEMA_MISSING: Final = (
 )
 #: undefined_table (also a ``nextval`` of a missing sequence), undefined_object.
 _UNDEFINED_SQLSTATES: Final = frozenset({"42P01", "42704"})
+#: MySQL/MariaDB: ER_NO_SUCH_TABLE.
+_MYSQL_UNDEFINED_ARGS: Final = frozenset({(1146,)})
 
 
 def schema_missing(exc: BaseException) -> bool:
@@ -24,6 +26,8 @@ def schema_missing(exc: BaseException) -> bool:
     sequence does not exist?"""
     cause = getattr(exc, "orig", None) or exc  # sqlalchemy.exc.DBAPIError wraps the driver's
     if getattr(cause, "sqlstate", None) in _UNDEFINED_SQLSTATES:  # psycopg
+        return True
+    if type(cause).__module__.startswith("pymysql") and cause.args[:1] in _MYSQL_UNDEFINED_ARGS:
         return True
     return isinstance(cause, sqlite3.OperationalError) and str(cause).startswith(
         "no such table"

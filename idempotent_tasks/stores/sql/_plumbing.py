@@ -28,6 +28,8 @@ from ._connections import (
     _Watchdog,
 )
 from ._errors import translate
+from ._mysql import MySQLCommon, MySQLOps
+from ._mysql_setup import begin_body, make_adopt, mysql_metadata
 from ._postgres import PostgresOps
 from ._schema import DEFAULT_TABLE_PREFIX, build_metadata
 from ._sqlite import BEGIN, SQLiteOps, fencing_table
@@ -109,10 +111,13 @@ class SQLPlumbing:
         _check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
         self._connect_timeout = float(connect_timeout)
         self._owns_engine = not isinstance(url_or_engine, Engine)
-        engine = _make_engine(url_or_engine, self._connect_timeout, pool_size)
+        engine = _make_engine(url_or_engine, self._connect_timeout, pool_size, socket_timeout)
         self._engine = engine
         self.name = _dialect_name(engine)
-        self._metadata = build_metadata(table_prefix)
+        self._pg = self.name == "postgresql"
+        self._mysql = self.name == "mysql"
+        metadata = mysql_metadata if self._mysql else build_metadata
+        self._metadata = metadata(table_prefix)
         self._fencing_table = fencing_table(table_prefix)
         self.table_prefix = table_prefix
         quote = engine.dialect.identifier_preparer.quote
@@ -120,15 +125,21 @@ class SQLPlumbing:
         self._records = r
         dbapi = engine.dialect.loaded_dbapi
         self._errors: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, dbapi.Error)
-        self._pg = self.name == "postgresql"
-        self._common = q.Common(r, c, lk, q.pyformat if self._pg else q.identity)
-        self._ops: PostgresOps | SQLiteOps = (
-            PostgresOps(r, c, quote(f"{table_prefix}_fencing_seq"))
-            if self._pg
-            else SQLiteOps(r, c, quote(f"{table_prefix}_fencing"), self._common)
-        )
-        adopt = _pg_adopt if self._pg else self._sqlite_adopt
-        restore = _pg_restore if self._pg else _sqlite_restore
+        self._ops: PostgresOps | SQLiteOps | MySQLOps
+        if self._mysql:
+            common = MySQLCommon(r, c, lk)
+            self._common: q.Common = common
+            self._ops = MySQLOps(r, c, common, dbapi.OperationalError)
+            adopt, restore = make_adopt(engine)
+        else:
+            self._common = q.Common(r, c, lk, q.pyformat if self._pg else q.identity)
+            self._ops = (
+                PostgresOps(r, c, quote(f"{table_prefix}_fencing_seq"))
+                if self._pg
+                else SQLiteOps(r, c, quote(f"{table_prefix}_fencing"), self._common)
+            )
+            adopt = _pg_adopt if self._pg else self._sqlite_adopt
+            restore = _pg_restore if self._pg else _sqlite_restore
         self._raw = _RawPool(engine, pool_size, adopt, restore)
         self._lost_types: tuple[type[BaseException], ...] = (
             (dbapi.OperationalError, dbapi.InterfaceError) if self._pg else ()
@@ -238,6 +249,8 @@ class SQLPlumbing:
             # caught by ``is_intact`` (one extra round trip on the transactional path).
             conn.exec_driver_sql("SELECT 1")
             return trans, lambda: dbapi.info.transaction_status != _PG_IDLE
+        if self._mysql:  # create_schema serialises itself with GET_LOCK (DDL commits at once)
+            return begin_body(conn)
         _sqlite_configure(dbapi, conn.connection.info, self._connect_timeout)
         conn.info["idempotent_tasks_isolation"] = dbapi.isolation_level
         dbapi.isolation_level = None

@@ -140,7 +140,11 @@ def _type_family(type_: Any) -> str:
 def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
     """Human-readable differences between ``table`` and the same-named table in the database."""
     found = {c["name"]: _type_family(c["type"]) for c in inspector.get_columns(table.name)}
-    wanted = {c.name: _type_family(c.type) for c in table.columns}
+    # The type this dialect creates (a ``with_variant`` type, e.g. MySQL's VARBINARY scope
+    # columns, resolves to its variant), so an existing table is compared with what
+    # ``create_schema`` itself would have made.
+    dialect = inspector.dialect
+    wanted = {c.name: _type_family(c.type.dialect_impl(dialect)) for c in table.columns}
     problems = [f"missing column {n!r}" for n in wanted if n not in found]
     problems += [f"unexpected column {n!r}" for n in found if n not in wanted]
     problems += [

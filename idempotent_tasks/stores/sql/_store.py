@@ -12,6 +12,8 @@ from ..._core.errors import StoreUnavailableError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import BodyTransaction, ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from . import _statements as q
+from ._mysql import MySQLOps
+from ._mysql_setup import create_schema as create_mysql_schema
 from ._plumbing import SQLBodyTransaction, SQLPlumbing
 from ._postgres import create_fencing_sequence, drop_fencing_sequence
 from ._schema import create_missing_indexes, refuse_mismatch
@@ -22,7 +24,8 @@ _CREATE_ATTEMPTS: Final = 50
 
 
 class SQLStore(SQLPlumbing):
-    """The durable store on PostgreSQL (psycopg 3) or SQLite; see the package docstring."""
+    """The durable store on PostgreSQL (psycopg 3), MySQL/MariaDB (PyMySQL) or SQLite; see
+    the package docstring."""
 
     # -- claims -----------------------------------------------------------------------------
     def create(
@@ -150,6 +153,9 @@ class SQLStore(SQLPlumbing):
         if status is not None:
             p["status"] = Status(status).value
             sql = self._common.delete_record_status
+        ops = self._ops
+        if isinstance(ops, MySQLOps):  # no DELETE … RETURNING: read locked, then delete
+            return self._run("delete_record", lambda cur: ops.delete_record(cur, scope, p))
         row = self._run("delete_record", lambda cur: q.one(cur, sql, p))
         return None if row is None else q.record(scope, row)
 
@@ -195,6 +201,9 @@ class SQLStore(SQLPlumbing):
 
     def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
         p = {"name": name, "owner": owner, "now": now, "expires_at": now + ttl}
+        ops = self._ops
+        if isinstance(ops, MySQLOps):  # no ON CONFLICT … WHERE: insert, else take over
+            return self._run("acquire_lock", lambda cur: ops.acquire_lock(cur, p))
         sql = self._common.acquire_lock
         return self._run("acquire_lock", lambda cur: q.one(cur, sql, p)) is not None
 
@@ -205,13 +214,25 @@ class SQLStore(SQLPlumbing):
     def create_schema(self) -> None:
         """Create what is missing: the tables and indexes, and the source of fencing tokens
         (PostgreSQL: the sequence ``<prefix>_fencing_seq``; SQLite: the table
-        ``<prefix>_fencing`` and its triggers).  On a database made by an earlier version,
+        ``<prefix>_fencing`` and its triggers; MySQL: the records table's ``AUTO_INCREMENT``
+        token column).  On a database made by an earlier version,
         the token source starts above the largest token already stored.  Idempotent, and
         safe to run concurrently.
 
         Raises :class:`ConfigurationError` when a table of the same name exists with other
         columns: the store would otherwise fail on every call, or worse, half-work.
         """
+        from ...outbox._schema import create_schema as create_outbox  # the outbox's tables
+
+        if self._mysql:
+            with (
+                self._sa_transaction("create_schema") as (conn, trans, _in),
+                self._translated("create_schema"),
+            ):
+                create_mysql_schema(conn, self._metadata, self.table_prefix, self._records)
+                create_outbox(conn, self.table_prefix)
+                trans.commit()
+            return
         tables = list(self._metadata.sorted_tables)
         if not self._pg:
             tables.append(self._fencing_table)
@@ -229,19 +250,23 @@ class SQLStore(SQLPlumbing):
                 create_fencing_sequence(conn, self.table_prefix, self._records)
             else:
                 create_fencing(conn, self._fencing_table, self._records)
+            create_outbox(conn, self.table_prefix)
             trans.commit()
 
     def drop_schema(self) -> None:
         """Drop the store's tables and token source (tests, ``demo`` clean-up); idempotent."""
+        from ...outbox._schema import drop_schema as drop_outbox
+
         self._raw.drain(invalidate=False)
         with (
             self._sa_transaction("drop_schema", lock_schema=True) as (conn, trans, _in),
             self._translated("drop_schema"),
         ):
             self._metadata.drop_all(conn, checkfirst=True)
+            drop_outbox(conn, self.table_prefix)
             if self._pg:
                 drop_fencing_sequence(conn, self.table_prefix)
-            else:
+            elif not self._mysql:
                 self._fencing_table.drop(conn, checkfirst=True)
             trans.commit()
 

@@ -1,0 +1,8 @@
+from django.contrib import admin
+from django.urls import path
+from orders import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("orders/<str:order_id>", views.place_order),
+]

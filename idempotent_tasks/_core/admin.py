@@ -1,0 +1,205 @@
+"""The handler's maintenance and operator calls, each with its async twin.
+
+Every call is one flow (a generator of store commands, like the execution algorithm), run by
+the synchronous driver for ``name(...)`` and by the async one for ``await name_async(...)``:
+
+==============================  ======================================
+sync (a sync store)             async (any store; no thread hop on an async one)
+==============================  ======================================
+``get_record``                  ``get_record_async``
+``recover_stuck_records``       ``recover_stuck_records_async``
+``cleanup_expired_records``     ``cleanup_expired_records_async``
+``unpoison``                    ``unpoison_async``
+``list_records``                ``list_records_async``
+``find_stuck_records``          ``find_stuck_records_async``
+``record_counts``               ``record_counts_async``
+``retry_count``                 ``retry_count_async``
+``create_schema``               ``create_schema_async``
+``try_lock`` / ``unlock``       ``try_lock_async`` / ``unlock_async``
+==============================  ======================================
+
+On an async store (``AsyncSQLStore``, ``AsyncRedisStore``) the sync names raise
+``CONFIGURATION_ERROR`` naming their twin: their store calls are coroutines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any, TypeVar
+
+from ..stores.base import TransactionalStore
+from ..typing import Seconds, seconds
+from . import maintenance
+from .commands import Command, StoreCall
+from .drivers import drive, drive_async
+from .engine import Engine
+from .errors import ConfigurationError
+from .records import Record, Status, StoredRecord
+
+R = TypeVar("R")
+Flow = Generator[Command, Any, R]
+
+
+class Maintenance(Engine):
+    """Maintenance and operator calls (see the module docstring for the async twins)."""
+
+    @property
+    def supports_transactions(self) -> bool:
+        """True when the store can run bodies in its own transaction (``transactional=True``)."""
+        return isinstance(self.store, TransactionalStore)
+
+    # ------------------------------------------------------------------ drivers
+    def _blocking(self, flow: Flow[R], twin: str) -> R:
+        if self.io.native_async:
+            flow.close()
+            raise ConfigurationError(
+                f"{type(self.store).__name__} is an async store: use `await handler.{twin}(...)`"
+            )
+        return drive(self, flow)
+
+    # ------------------------------------------------------------------ maintenance
+    def get_record(self, *, operation: str, tenant: str, key: str) -> Record | None:
+        """The live record of a scope (an expired one counts as absent), counter included."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return self._blocking(maintenance.get_record(self, scope), "get_record_async")
+
+    async def get_record_async(self, *, operation: str, tenant: str, key: str) -> Record | None:
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return await drive_async(self, maintenance.get_record(self, scope))
+
+    def recover_stuck_records(self, timeout: Seconds | None = None, limit: int = 100) -> int:
+        """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last
+        heartbeat is older than it): count the crashed attempt and release or poison
+        (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
+        flow = maintenance.recover(self, _opt_seconds(timeout), limit)
+        return self._blocking(flow, "recover_stuck_records_async")
+
+    async def recover_stuck_records_async(
+        self, timeout: Seconds | None = None, limit: int = 100
+    ) -> int:
+        return await drive_async(self, maintenance.recover(self, _opt_seconds(timeout), limit))
+
+    def cleanup_expired_records(self, limit: int = 500) -> int:
+        """Purge expired SUCCESS/FAILED records and stale counters; returns records purged."""
+        return self._blocking(maintenance.cleanup(self, limit), "cleanup_expired_records_async")
+
+    async def cleanup_expired_records_async(self, limit: int = 500) -> int:
+        return await drive_async(self, maintenance.cleanup(self, limit))
+
+    def unpoison(self, *, operation: str, tenant: str, key: str, actor: str = "operator") -> Record:
+        """Delete a FAILED record and reset its counter (audited); RECORD_NOT_FOUND if absent."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return self._blocking(maintenance.unpoison(self, scope, actor), "unpoison_async")
+
+    async def unpoison_async(
+        self, *, operation: str, tenant: str, key: str, actor: str = "operator"
+    ) -> Record:
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return await drive_async(self, maintenance.unpoison(self, scope, actor))
+
+    # ------------------------------------------------------------------ operators
+    def list_records(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Record]:
+        """A page of records (oldest first), each with its counter, for operators."""
+        flow = self._listed("list_records", status=status, operation=operation, tenant=tenant,
+                            limit=limit, offset=offset)
+        return self._blocking(flow, "list_records_async")
+
+    async def list_records_async(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Record]:
+        flow = self._listed("list_records", status=status, operation=operation, tenant=tenant,
+                            limit=limit, offset=offset)
+        return await drive_async(self, flow)
+
+    def find_stuck_records(
+        self, *, timeout: Seconds | None = None, limit: int = 100
+    ) -> list[Record]:
+        """What ``recover_stuck_records`` would handle now, without changing anything."""
+        return self._blocking(self._stuck(timeout, limit), "find_stuck_records_async")
+
+    async def find_stuck_records_async(
+        self, *, timeout: Seconds | None = None, limit: int = 100
+    ) -> list[Record]:
+        return await drive_async(self, self._stuck(timeout, limit))
+
+    def _stuck(self, timeout: Seconds | None, limit: int) -> Flow[list[Record]]:
+        now = self.clock()
+        before = None if timeout is None else now - seconds(timeout)
+        return self._listed("find_stuck", now=now, heartbeat_before=before, limit=limit)
+
+    def _listed(self, name: str, **kwargs: Any) -> Flow[list[Record]]:
+        rows: list[StoredRecord] = yield StoreCall(name, (), kwargs)
+        records = []
+        for row in rows:
+            count = yield StoreCall("get_retry_count", (row.scope,), {})
+            records.append(self.to_record(row, count))
+        return records
+
+    def record_counts(self) -> Mapping[tuple[str, Status], int]:
+        """Counts of records by (operation, status)."""
+        counts: Mapping[tuple[str, Status], int] = self._blocking(
+            _one("stats"), "record_counts_async"
+        )
+        return counts
+
+    async def record_counts_async(self) -> Mapping[tuple[str, Status], int]:
+        counts: Mapping[tuple[str, Status], int] = await drive_async(self, _one("stats"))
+        return counts
+
+    def create_schema(self) -> None:
+        """Create the store's tables / scripts if missing (``idempotent-tasks migrate``)."""
+        self._blocking(_one("create_schema"), "create_schema_async")
+
+    async def create_schema_async(self) -> None:
+        await drive_async(self, _one("create_schema"))
+
+    def try_lock(self, name: str, *, owner: str, ttl: float) -> bool:
+        """A named lease in the store (maintenance jobs): True if ``owner`` holds it now."""
+        flow = _one("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
+        return bool(self._blocking(flow, "try_lock_async"))
+
+    async def try_lock_async(self, name: str, *, owner: str, ttl: float) -> bool:
+        flow = _one("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
+        return bool(await drive_async(self, flow))
+
+    def unlock(self, name: str, *, owner: str) -> None:
+        self._blocking(_one("release_lock", name, owner=owner), "unlock_async")
+
+    async def unlock_async(self, name: str, *, owner: str) -> None:
+        await drive_async(self, _one("release_lock", name, owner=owner))
+
+    # -- added for the CLI (``inspect``/``unpoison`` of a scope without a record) ----------
+    def retry_count(self, *, operation: str, tenant: str, key: str) -> int:
+        """The scope's retry counter, which lives apart from its record: a scope released
+        after transient failures has no record but keeps the attempts it counted."""
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return int(self._blocking(_one("get_retry_count", scope), "retry_count_async"))
+
+    async def retry_count_async(self, *, operation: str, tenant: str, key: str) -> int:
+        scope = self.scope(operation=operation, tenant=tenant, key=key)
+        return int(await drive_async(self, _one("get_retry_count", scope)))
+
+
+def _one(name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+    return (yield StoreCall(name, args, kwargs))
+
+
+def _opt_seconds(value: Seconds | None) -> float | None:
+    return None if value is None else seconds(value)
+
+
+__all__ = ["Maintenance"]

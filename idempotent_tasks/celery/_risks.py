@@ -1,0 +1,113 @@
+"""Celery settings that make a double run or a lost task possible, and where they are reported.
+
+:func:`find_risks` only reads the app's configuration and tasks.  :func:`report` emits each
+risk twice over: a ``celery_config_risk`` warning on the handler's logger (structured fields),
+and a Python warning of category :class:`ConfigurationRiskWarning` — so that it shows wherever
+the application looks (its log, ``-W error`` in a test suite, ``warnings.catch_warnings``).
+
+*When* matters.  A worker imports the app (and runs ``setup``) before Celery configures
+logging, so a warning logged then goes nowhere — that is how a 25 s task with a 10 s lease and
+no heartbeat ran three times on the Redis broker without a word in the worker's log.  So
+``setup`` only *computes* the risks; a worker reports them once Celery has set up logging
+(``after_setup_logger``, or ``worker_ready`` when the application handles logging itself and
+that signal is not sent), exactly once per app and process.  :func:`check_configuration`
+computes and reports on demand.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import celery
+
+from ._state import state_for
+from ._task import IdempotentTask
+
+#: RabbitMQ's default ``consumer_timeout`` (server side, 30 minutes).
+RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+_REPORTED = "_idempotent_tasks_risks_reported"
+
+Risk = tuple[str, dict[str, Any]]
+
+
+class ConfigurationRiskWarning(UserWarning):
+    """A setting that makes a double run or a lost task possible (docs/celery.md, "Leases,
+    visibility_timeout and consumer_timeout"); the message starts with the risk's name."""
+
+
+def check_configuration(app: celery.Celery) -> list[str]:
+    """Report (log and warn) every setting that makes a double run or a lost task possible;
+    returns the risk names.  See docs/celery.md, "Leases, visibility_timeout and
+    consumer_timeout"."""
+    risks = find_risks(app)
+    report(app, risks)
+    return [name for name, _ in risks]
+
+
+def find_risks(app: celery.Celery) -> list[Risk]:
+    """The risks of ``app``'s configuration, without reporting them."""
+    state = state_for(app)
+    handler, conf = state.handler, app.conf
+    lease = handler.defaults.lease_timeout
+    risks: list[Risk] = []
+    time_limit = conf.task_time_limit
+    if handler.heartbeat_interval is None and (time_limit is None or time_limit > lease):
+        risks.append(("lease_may_expire_while_running",
+                      {"lease_timeout": lease, "task_time_limit": time_limit}))
+    risks.extend(_broker_risks(conf, lease))
+    risks.extend(_task_risks(app))
+    return risks
+
+
+def report(app: celery.Celery, risks: list[Risk]) -> None:
+    log = state_for(app).handler.log
+    for name, fields in risks:
+        log.warning("celery_config_risk", risk=name, **fields)
+        details = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+        warnings.warn(ConfigurationRiskWarning(f"{name}: {details} (app {app.main!r})"),
+                      stacklevel=2)
+
+
+def report_once(app: celery.Celery) -> None:
+    """In a worker, after logging is set up: report the app's risks, once per process."""
+    if getattr(app, _REPORTED, False):
+        return
+    setattr(app, _REPORTED, True)
+    app.finalize(auto=True)  # what the worker does next: every task of the app is known
+    state = state_for(app)
+    risks = find_risks(app)
+    state.risks = [name for name, _ in risks]
+    report(app, risks)
+
+
+def _broker_risks(conf: Any, lease: float) -> list[Risk]:
+    url = str(conf.broker_url or "")
+    scheme = url.split("://", 1)[0].lower()
+    risks: list[Risk] = []
+    if scheme in _AMQP_SCHEMES:
+        if not conf.broker_heartbeat:
+            risks.append(("broker_heartbeat_disabled", {"broker_heartbeat": conf.broker_heartbeat}))
+        if lease > RABBITMQ_CONSUMER_TIMEOUT:
+            risks.append(("lease_exceeds_consumer_timeout",
+                          {"lease_timeout": lease, "consumer_timeout": RABBITMQ_CONSUMER_TIMEOUT}))
+    # Redis/SQS: a task running past visibility_timeout is delivered again while running; the
+    # copy sees REQUEST_IN_PROGRESS and waits, which is safe exactly while the lease is live —
+    # the heartbeat/time-limit check above covers it, so no separate risk here.
+    return risks
+
+
+def _task_risks(app: celery.Celery) -> list[Risk]:
+    risks: list[Risk] = []
+    for task in list(app._tasks.values()):
+        if not isinstance(task, IdempotentTask):
+            continue
+        if not task.acks_late:
+            risks.append(("acks_early_loses_crashed_tasks", {"task": task.name}))
+        if not task.reject_on_worker_lost:
+            risks.append(("worker_lost_not_redelivered", {"task": task.name}))
+    return risks
+
+
+__all__ = ["ConfigurationRiskWarning", "check_configuration", "find_risks", "report_once"]

@@ -1,0 +1,223 @@
+"""``wait_replicas``: writes that are acknowledged only once replicas have them.
+
+Redis replicates asynchronously: a primary acknowledges a claim before any replica has it,
+and a failover to a replica that missed it forgets the claim — a second worker then claims
+the scope afresh and the body runs twice.  With ``RedisStore(..., wait_replicas=N)`` every
+write the guarantee rests on is followed by ``WAIT N timeout`` on the same connection, in
+the same round trip (pipelined after the script), and is acknowledged only when at least
+``N`` replicas confirmed it:
+
+* **claims** (``create``, ``create_many``, ``take_over``) and **heartbeats** — before the
+  body runs.  A ``WAIT`` short of ``N`` raises ``STORE_UNAVAILABLE``: the body does not run
+  (fail closed).  A claim that was made on the primary is withdrawn first (released with
+  its own token, best effort), so the redelivery can claim again at once instead of
+  waiting out a lease no one holds; a takeover's counted attempt stays counted.
+* **outcome writes** (``mark_success``, ``mark_success_many``, ``mark_failed``,
+  ``record_failure``, ``release``) — after the body ran.  A short ``WAIT`` raises
+  ``OUTCOME_NOT_RECORDED``, not ``STORE_UNAVAILABLE``: the write did happen on the primary,
+  so retrying it would be refused by its own condition and could not tell success from a
+  lost lease; the integrations then do not ack/commit, and the lease decides (docs/design.md,
+  "Fail closed").
+* A call that wrote nothing (a duplicate, a refused conditional write) is answered as
+  usual whatever ``WAIT`` says: there is nothing of its own to lose.  Its ``WAIT`` is still
+  sent in the same round trip (whether the script wrote is known only from its reply), so
+  while fewer than ``N`` replicas are connected every such call takes ``wait_timeout``.
+
+A script the server does not know yet (first use, restart, failover) is refused with
+``NOSCRIPT`` and sent again with a ``WAIT`` of its own, so while replicas lag that first
+call waits twice; ``create_schema()`` (``idempotent-tasks migrate``) loads every script.
+
+Not waited for: operator and maintenance writes (``unpoison``'s counter reset, record
+deletion, purges, index pruning, maintenance leases), whose loss in a failover is harmless
+or re-done.  Limits: ``WAIT`` covers this connection's own writes only, so a duplicate
+delivery may still read (and replay) a SUCCESS another worker wrote that is not replicated
+yet; a failover that promotes a replica which did not acknowledge (fewer than all replicas
+waited for, or a promotion that ignores replication offsets) can still lose a write; and
+Redis Cluster is not supported (``WAIT`` is per node; the store refuses the option there).
+See docs/redis.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ..._core.errors import OutcomeNotRecordedError, StoreUnavailableError
+from ._client import command
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from ._client import Client
+    from ._direct import ThreadConnections
+
+#: Default bound on one write's wait for its replicas, in seconds.
+DEFAULT_WAIT_TIMEOUT: Final = 0.5
+#: Scripts whose writes come before the body (a short WAIT: STORE_UNAVAILABLE).
+BEFORE_BODY: Final = ("claim", "claim_many", "take_over", "heartbeat")
+#: Scripts whose writes record a body's outcome (a short WAIT: OUTCOME_NOT_RECORDED).
+AFTER_BODY: Final = ("mark_success", "mark_failed", "record_failure", "release")
+#: Keys per claim of ``claim_many.lua`` (record, counter, processing index, ...).
+_CLAIM_MANY_KEYS: Final = 6
+
+Calls = Sequence[tuple[Sequence[str], Sequence[Any]]]
+
+
+class ReplicaWaits:
+    """Runs a store's scripts with ``WAIT`` appended (see the module docstring)."""
+
+    def __init__(
+        self,
+        replicas: int,
+        timeout: float,
+        scripts: dict[str, Script],
+        direct: ThreadConnections | None,
+        noscript: type[Exception],
+        errors: tuple[type[BaseException], ...],
+    ) -> None:
+        self.replicas = replicas
+        self.timeout = timeout
+        self._wait = ("WAIT", replicas, max(1, round(timeout * 1000)))
+        self._names = {id(s): n for n, s in scripts.items() if n in BEFORE_BODY + AFTER_BODY}
+        self._release = scripts["release"]
+        self._direct = direct
+        self._noscript = noscript
+        self._errors = errors
+
+    # -- running scripts ------------------------------------------------------------------
+    def covers(self, script: Script) -> bool:
+        """Is ``script`` one whose writes wait (a claim, heartbeat or outcome write)?"""
+        return id(script) in self._names
+
+    def eval(self, client: Client, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """One script and ``WAIT`` in one round trip; the script's reply once confirmed."""
+        name = self._names[id(script)]
+        replies = self._send_scripts(client, script, [(keys, args)])
+        acked = replies.pop()
+        _raise_error(acked)
+        _raise_error(replies[0])
+        if acked < self.replicas and _wrote(name, keys, replies[0]):
+            self._refuse(client, name, [(keys, args)], replies, acked)
+        return replies[0]
+
+    def eval_many(self, client: Client, script: Script, calls: Calls) -> list[Any]:
+        """Several calls of one script and one ``WAIT`` after them, in one pipeline."""
+        replies = self._send_scripts(client, script, calls)
+        acked = replies.pop()
+        for reply in (acked, *replies):
+            _raise_error(reply)
+        name = self._names[id(script)]
+        if acked < self.replicas and any(
+            _wrote(name, keys, reply) for (keys, _), reply in zip(calls, replies, strict=True)
+        ):
+            self._refuse(client, name, calls, replies, acked)
+        return replies
+
+    def _send_scripts(self, client: Client, script: Script, calls: Calls) -> list[Any]:
+        """EVALSHA per call, then WAIT; calls refused with NOSCRIPT (which ran nothing) are
+        sent again, with a WAIT of their own, after the script is loaded."""
+        commands = [("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls]
+        replies = self._send(client, [*commands, self._wait])
+        missing = [i for i, r in enumerate(replies[:-1]) if isinstance(r, self._noscript)]
+        if missing:
+            script.sha = client.script_load(script.script)
+            again = self._send(client, [
+                *(("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                  for i in missing),
+                self._wait,
+            ])
+            for i, reply in zip(missing, again[:-1], strict=True):
+                replies[i] = reply
+            replies[-1] = again[-1]
+        return replies
+
+    def _send(self, client: Client, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """All ``commands`` on one connection in one round trip; error replies in place."""
+        if self._direct is not None:
+            return self._direct.execute_many(commands)
+        pipe = client.pipeline(transaction=False)
+        for cmd in commands:
+            command(pipe, *cmd)
+        return list(pipe.execute(raise_on_error=False))
+
+    # -- a write the replicas did not confirm -----------------------------------------------
+    def _refuse(
+        self, client: Client, name: str, calls: Calls, replies: Sequence[Any], acked: int
+    ) -> None:
+        said = (f"redis store: {name} was not confirmed by {self.replicas} replica(s) within "
+                f"{self.timeout}s (WAIT answered {acked})")
+        if name in AFTER_BODY:
+            raise OutcomeNotRecordedError(
+                said + "; it was applied on the primary but is not acknowledged"
+            )
+        withdrawn = self._withdraw(client, name, calls, replies)
+        raise StoreUnavailableError(
+            said + (f"; {withdrawn} claim(s) withdrawn" if withdrawn else "")
+            + "; the body did not run"
+        )
+
+    def _withdraw(self, client: Client, name: str, calls: Calls, replies: Sequence[Any]) -> int:
+        """Release the claims this call made (each with its own token), best effort: a
+        claim left behind only costs the redelivery a lease's wait."""
+        withdrawn = 0
+        release = self._release
+        for record_key, processing, token in _claims_made(name, calls, replies):
+            keys = (record_key, processing)
+            try:
+                reply = self._send(client, [("EVALSHA", release.sha, 2, *keys, token)])[0]
+                if isinstance(reply, self._noscript):
+                    release.sha = client.script_load(release.script)
+                    reply = self._send(client, [("EVALSHA", release.sha, 2, *keys, token)])[0]
+            except self._errors:  # best effort: the outage itself is what gets reported
+                continue
+            withdrawn += int(reply == 1)
+        return withdrawn
+
+
+def _claims_made(
+    name: str, calls: Calls, replies: Sequence[Any]
+) -> list[tuple[str, str, Any]]:
+    """(record key, processing index, token) of every claim a claim script made, read from
+    its keys (see each script's KEYS) and replies (a created claim is an array)."""
+    made: list[tuple[str, str, Any]] = []
+    for (keys, _args), reply in zip(calls, replies, strict=True):
+        if name == "claim" and isinstance(reply, list):
+            made.append((keys[0], keys[1], reply[0]))
+        elif name == "take_over" and isinstance(reply, list):
+            made.append((keys[0], keys[2], reply[1]))
+        elif name == "claim_many":
+            items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
+            for i, item in enumerate(items):
+                if isinstance(item, list):
+                    base = i * _CLAIM_MANY_KEYS
+                    made.append((keys[base], keys[base + 2], item[0]))
+    return made
+
+
+def _wrote(name: str, keys: Sequence[str], reply: Any) -> bool:
+    """Did this script call change anything?  (Each script's reply says it: see its header.)"""
+    if name in ("claim", "take_over", "record_failure"):
+        return isinstance(reply, list)
+    if name == "claim_many":
+        items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
+        return any(isinstance(item, list) for item in items)
+    return bool(reply == 1)  # heartbeat, mark_success, mark_failed, release
+
+
+def _raise_error(reply: Any) -> None:
+    if isinstance(reply, BaseException):
+        raise reply
+
+
+def check_wait_options(replicas: int, timeout: float, socket_timeout: float) -> None:
+    """``wait_replicas`` a count, ``wait_timeout`` positive and shorter than the socket
+    timeout (else the socket would give up on the WAIT first and report an outage)."""
+    from ..._core.errors import ConfigurationError
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ConfigurationError("wait_replicas must be a whole number >= 0")
+    if replicas and (not timeout > 0 or timeout >= socket_timeout):
+        raise ConfigurationError(
+            "wait_timeout must be > 0 and shorter than socket_timeout (the WAIT must end "
+            "before the socket gives up on it)"
+        )

@@ -1,0 +1,204 @@
+"""The async stores in the one contract suite: a loop of their own, and thin adapters.
+
+* ``LoopThread``: an event loop on a background thread; an async store (its pool) lives on
+  it for the whole test, and the test's own thread submits coroutines to it.
+* ``SyncStore``: the store-level contract calls store methods synchronously; this adapter
+  runs each of the async store's coroutines on its loop (concurrent calls from the test's
+  threads become concurrent coroutines on that loop, so the race tests still race).
+* ``HandlerFacade``: the handler contract is written against ``handler.execute``; on an
+  async store the facade runs every call through the **async** face instead
+  (``execute_async``, ``run_many_async``, ``get_record_async``, …) on the store's loop.
+  A test body is a plain function that may block on events: the facade wraps it in a
+  coroutine that runs it on a worker thread (``asyncio.to_thread``, in the test, never in
+  the library), so the loop stays free for the library's own calls — the heartbeat task,
+  concurrent deliveries, and the body's own ``current_context().retry_count`` (read from
+  that worker thread, which the library answers on the loop).
+* ``AsyncFaultyStore``: ``FaultyStore`` for a store whose methods are coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from idempotent_tasks import IdempotencyHandler, Outcome
+from idempotent_tasks._core.drivers import drive_async
+from idempotent_tasks._core.errors import StoreUnavailableError
+from idempotent_tasks._core.flow import claim_scope
+from idempotent_tasks.testing import simulate_crash
+
+from ._services import POSTGRES_URL, REDIS_URL, require
+
+ASYNC_STORE_KINDS = ["async_postgres", "async_redis"]
+T = TypeVar("T")
+_LOOPS: weakref.WeakKeyDictionary[Any, LoopThread] = weakref.WeakKeyDictionary()
+
+
+class LoopThread:
+    """An event loop running on its own daemon thread until ``close()``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+def make_async_store(kind: str, prefix: str, loop: LoopThread) -> Any:
+    """A fresh async store of ``kind`` under ``prefix``, its schema created, bound to ``loop``."""
+    if kind == "async_postgres":
+        require("postgres")
+        from idempotent_tasks import AsyncSQLStore
+
+        store: Any = AsyncSQLStore(POSTGRES_URL, table_prefix=prefix)
+    elif kind == "async_redis":
+        require("redis")
+        from idempotent_tasks import AsyncRedisStore
+
+        store = AsyncRedisStore(REDIS_URL, prefix=prefix)
+    else:
+        raise ValueError(kind)
+    loop.run(store.create_schema())
+    _LOOPS[store] = loop
+    return store
+
+
+def drop_async_store(store: Any) -> None:
+    loop = loop_of(store)
+    try:
+        loop.run(store.drop_schema())
+    finally:
+        loop.run(store.close())
+
+
+def loop_of(store: Any) -> LoopThread:
+    while store not in _LOOPS and hasattr(store, "inner"):
+        store = store.inner
+    return _LOOPS[store]
+
+
+def is_async(store: Any) -> bool:
+    return bool(getattr(store, "is_async", False))
+
+
+class SyncStore:
+    """The async store's methods as blocking calls (store-level contract only)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._loop = loop_of(inner)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._loop.run(method(*args, **kwargs))
+
+        return call
+
+
+class AsyncFaultyStore:
+    """``FaultyStore`` for an async store: calls named in ``failing`` raise
+    ``StoreUnavailableError``; ``before`` hooks run first (synchronously)."""
+
+    is_async = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.failing: set[str] = set()
+        self.before: dict[str, Callable[[], None]] = {}
+        self.calls: list[str] = []
+
+    def fail(self, *names: str) -> None:
+        self.failing.update(names)
+
+    def heal(self) -> None:
+        self.failing.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr  # e.g. body_transaction (an async context manager)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            hook = self.before.get(name)
+            if hook is not None:
+                hook()
+            if name in self.failing or "*" in self.failing:
+                raise StoreUnavailableError(f"injected failure in {name}")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+def _threaded(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    async def body(*args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    return body
+
+
+class HandlerFacade:
+    """``handler.execute`` & co. for the contract tests, run through the async face."""
+
+    def __init__(self, handler: IdempotencyHandler, loop: LoopThread) -> None:
+        self.handler = handler
+        self.loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handler, name)
+
+    def execute(self, fn: Callable[[], Any], **kw: Any) -> Any:
+        return self.loop.run(self.handler.execute_async(_threaded(fn), **kw))
+
+    def execute_in_transaction(self, fn: Callable[[Any], Any], **kw: Any) -> Any:
+        outcome = self.loop.run(self.handler.run_async(_threaded(fn), transactional=True, **kw))
+        return outcome.unwrap()
+
+    def run_many(self, calls: Any, fn: Callable[..., Any], **kw: Any) -> list[Outcome]:
+        return self.loop.run(self.handler.run_many_async(calls, _threaded(fn), **kw))
+
+    def get_record(self, **kw: Any) -> Any:
+        return self.loop.run(self.handler.get_record_async(**kw))
+
+    def recover_stuck_records(self, *args: Any, **kw: Any) -> int:
+        return self.loop.run(self.handler.recover_stuck_records_async(*args, **kw))
+
+    def cleanup_expired_records(self, *args: Any, **kw: Any) -> int:
+        return self.loop.run(self.handler.cleanup_expired_records_async(*args, **kw))
+
+    def unpoison(self, **kw: Any) -> Any:
+        return self.loop.run(self.handler.unpoison_async(**kw))
+
+    def close(self) -> None:
+        self.handler.close()
+
+
+def crash(h: Any, **kw: Any) -> int | Outcome:
+    """``testing.simulate_crash`` on either face: claim a scope and leave it PROCESSING."""
+    if not isinstance(h, HandlerFacade):
+        return simulate_crash(h, **kw)
+    handler = h.handler
+    call = handler.prepare(
+        kw["operation"], kw["tenant"], kw["key"], kw.get("payload"), True,
+        lease_timeout=kw.get("lease_timeout"),
+    )
+    assert call is not None
+    claimed = h.loop.run(drive_async(handler, claim_scope(handler, call)))
+    return claimed if isinstance(claimed, Outcome) else claimed.token

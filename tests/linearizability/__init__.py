@@ -1,0 +1,1 @@
+"""A linearizability check of the store contract (see README.md in this folder)."""
