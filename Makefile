@@ -29,7 +29,7 @@ typecheck:
 unit:
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-## Install everything and pass the tests (services: PostgreSQL, Redis, RabbitMQ; see README).
+## Install everything and pass the tests (services: PostgreSQL, Redis, RabbitMQ, MariaDB, NATS; see README).
 test: install lint typecheck unit
 
 bench: install

@@ -30,11 +30,23 @@ if ! up 5672; then
   echo "services: starting RabbitMQ"
   rabbitmq-server -detached || true
 fi
+if ! up 3306; then
+  echo "services: starting MariaDB"
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+fi
+if ! up 4222; then
+  echo "services: starting NATS (JetStream)"
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || true
+fi
 
 status=0
 wait_port PostgreSQL 5432 || status=1
 wait_port Redis 6379 || status=1
 wait_port RabbitMQ 5672 || status=1
+wait_port MariaDB 3306 || status=1
+wait_port NATS 4222 || status=1
 if [ "$status" -eq 0 ]; then
   # RabbitMQ accepts TCP before the AMQP app is ready; wait for it properly.
   for _ in $(seq 1 60); do
