@@ -19,6 +19,7 @@ from typing import Any
 
 from ..stores.base import ClaimRequest, SuccessWrite
 from ..typing import Permanent
+from . import tracing
 from .answers import not_recorded, refused
 from .commands import Command, RunBody, StoreCall
 from .engine import Call, Claim, Engine
@@ -51,6 +52,8 @@ class Mode:
     permanent: Permanent
     transactional: bool
     batch_completion: bool
+    #: One span per call while tracing is on (``None``: off).
+    spans: tracing.BatchSpans | None = None
 
 
 @dataclass(slots=True)
@@ -71,22 +74,49 @@ def execute_many(
     claims = yield from _claim_many(engine, calls)
     outcomes: list[Outcome | None] = [None] * len(entries)
     pending: list[_Ran] = []
+    spans = mode.spans
     for index, entry in enumerate(entries):
         if isinstance(entry, Outcome):
             outcomes[index] = entry
+            if spans is not None:
+                spans.finish(index, entry)
             continue
-        if entry.call is not None and index in firsts:
-            decided = claims[firsts[index]]
-            if isinstance(decided, Claim):
-                outcome = yield from _run_claimed(engine, index, entry, decided, fn, mode, pending)
-            else:
-                outcome = decided  # a replay or a refusal
-        else:  # unkeyed, a scope seen earlier in the batch, or a claim to make again
-            yield from _record_successes(engine, pending, outcomes)
-            outcome = yield from _run_single(engine, entry, fn, mode)
+        decided = claims[firsts[index]] if entry.call is not None and index in firsts else None
+        if spans is None:
+            outcome = yield from _turn(engine, index, entry, decided, fn, mode, pending, outcomes)
+        else:  # the call's span is current while its body runs and its outcome is written
+            spans.enter(index, entry.operation)
+            try:
+                outcome = yield from _turn(
+                    engine, index, entry, decided, fn, mode, pending, outcomes
+                )
+            finally:
+                spans.leave()
+            if outcome is not None:
+                spans.finish(index, outcome)
         outcomes[index] = outcome
-    yield from _record_successes(engine, pending, outcomes)
+    yield from _record_successes(engine, pending, outcomes, spans)
     return [o for o in outcomes if o is not None]
+
+
+def _turn(
+    engine: Engine,
+    index: int,
+    entry: Entry,
+    decided: Claim | Outcome | None,
+    fn: Body,
+    mode: Mode,
+    pending: list[_Ran],
+    outcomes: list[Outcome | None],
+) -> Generator[Command, Any, Outcome | None]:
+    """One call of the batch, given what the batch claim decided for it (``None``: it is
+    unkeyed, its scope was seen earlier in the batch, or it must be claimed again)."""
+    if isinstance(decided, Claim):
+        return (yield from _run_claimed(engine, index, entry, decided, fn, mode, pending))
+    if decided is not None:
+        return decided  # a replay or a refusal
+    yield from _record_successes(engine, pending, outcomes, mode.spans)
+    return (yield from _run_single(engine, entry, fn, mode))
 
 
 def _first_occurrences(
@@ -181,38 +211,57 @@ def _run_claimed(
 
 
 def _record_successes(
-    engine: Engine, pending: list[_Ran], outcomes: list[Outcome | None]
+    engine: Engine,
+    pending: list[_Ran],
+    outcomes: list[Outcome | None],
+    spans: tracing.BatchSpans | None = None,
 ) -> Generator[Command, Any, None]:
-    """One ``mark_success_many`` for the bodies that returned; fills their outcomes."""
+    """One ``mark_success_many`` for the bodies that returned; fills their outcomes (and
+    ends their spans)."""
     if not pending:
         return
     ran = list(pending)
     pending.clear()
+    yield from _write_successes(engine, ran, outcomes, spans)
+    if spans is not None:
+        for r in ran:
+            outcome = outcomes[r.index]
+            if outcome is not None:
+                spans.finish(r.index, outcome)
+
+
+def _write_successes(
+    engine: Engine,
+    ran: list[_Ran],
+    outcomes: list[Outcome | None],
+    spans: tracing.BatchSpans | None,
+) -> Generator[Command, Any, None]:
     now = engine.clock()
-    writes: list[tuple[_Ran, SuccessWrite]] = []
+    writes: list[tuple[_Ran, SuccessWrite, bytes]] = []
     for r in ran:
         try:
             encoded = engine.encode_response(r.call, r.value)
         except IdempotencyError as err:
             outcomes[r.index] = yield from unstorable(engine, r.call, r.claim, r.ctx, err)
             continue
-        write = SuccessWrite(r.call.scope, r.claim.token, encoded, now + r.call.options.ttl)
-        writes.append((r, write))
+        stored = encoded if spans is None else tracing.wrap(encoded, spans.traceparent(r.index))
+        write = SuccessWrite(r.call.scope, r.claim.token, stored, now + r.call.options.ttl)
+        writes.append((r, write, encoded))
     if not writes:
         return
     try:
-        stored = yield from write_outcome(
+        written = yield from write_outcome(
             engine, writes[0][0].call, "mark_success_many", {"now": now},
-            args=([w for _, w in writes],),
+            args=([w for _, w, _ in writes],),
         )
     except IdempotencyError as err:  # OUTCOME_NOT_RECORDED: the whole write failed
-        for r, _ in writes:
+        for r, _, _ in writes:
             own = r.call.error(err.code, err.message)
             outcomes[r.index] = not_recorded(r.call, r.claim, r.ctx, own)
         return
-    for (r, w), ok in zip(writes, stored, strict=True):
+    for (r, w, encoded), ok in zip(writes, written, strict=True):
         if ok and engine.cache is None:  # the common case: nothing more to write
-            outcomes[r.index] = recorded(engine, r.call, r.claim, r.ctx, w.response)
+            outcomes[r.index] = recorded(engine, r.call, r.claim, r.ctx, encoded)
         else:
             outcomes[r.index] = yield from succeeded(
                 engine, r.call, r.claim, r.ctx, w.response, ok, now

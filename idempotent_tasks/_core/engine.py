@@ -21,6 +21,7 @@ from .metrics import Metrics, NoMetrics, default_metrics
 from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS, Offloader
 from .records import Record, Scope, StoredRecord
 from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
+from .tracing import unwrap
 from .validation import validate_key, validate_operation, validate_tenant
 
 if TYPE_CHECKING:
@@ -246,8 +247,8 @@ class Engine:
     def to_record(self, stored: StoredRecord, retry_count: int) -> Record:
         response = None
         if stored.response is not None:
-            try:
-                response = self.serializer.loads(stored.response)
+            try:  # without the traceparent a traced execution keeps beside it
+                response = self.serializer.loads(unwrap(stored.response)[0])
             except SerializationError:
                 response = None
         s = stored.scope

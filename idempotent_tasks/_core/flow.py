@@ -37,6 +37,7 @@ from .outcome import Outcome, OutcomeKind
 from .recording import body_failed, complete, is_permanent, write_outcome
 from .records import CreateOutcome, IdempotencyContext, LazyCountContext, Status, StoredRecord
 from .serialization import SerializationError
+from .tracing import unwrap
 
 Flow = Generator[Command, Any, Outcome]
 
@@ -171,14 +172,20 @@ def decide(
             "this idempotency key was used with a different payload",
         ))
     if status is Status.SUCCESS:
+        response, parent = record.response, None
+        if response and response[0] == 0:  # a traced execution's envelope (NUL: never JSON)
+            response, parent = unwrap(response)
         try:
-            value = None if record.response is None else engine._loads(record.response)
+            value = None if response is None else engine._loads(response)
         except SerializationError:
             return refused(call, call.error(
                 ErrorCode.INTERNAL_ERROR, "stored response cannot be decoded"
             ))
         engine.debug("duplicate_replayed", call, status="SUCCESS")
-        return replayed(call, value, record.fencing_token)
+        outcome = replayed(call, value, record.fencing_token)
+        if parent is not None:
+            outcome.replayed_from = parent
+        return outcome
     if record.status is Status.FAILED:
         engine.log.warning("duplicate_poisoned", status="FAILED", **call.fields())
         return refused(call, call.error(

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ..stores.base import TransactionalStore
 from ..typing import OnStuck, Permanent, Seconds
+from . import tracing
 from .admin import Maintenance
 from .batch import Entry, Mode, execute_many
 from .commands import Command
@@ -25,6 +26,7 @@ from .drivers import drive, drive_async
 from .errors import ConfigurationError, IdempotencyError
 from .flow import execute, unkeyed
 from .outcome import Outcome, refusal_kind
+from .tracing import API as _OTEL
 from .transactional import execute_in_transaction, unkeyed_in_transaction
 
 T = TypeVar("T")
@@ -57,7 +59,10 @@ class IdempotencyHandler(Maintenance):
             fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
         )
-        return flow if isinstance(flow, Outcome) else drive(self, flow)
+        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+        if tracer is None:
+            return flow if isinstance(flow, Outcome) else drive(self, flow)
+        return tracing.run(tracer, operation, _driven, self, flow)
 
     async def run_async(
         self,
@@ -83,9 +88,10 @@ class IdempotencyHandler(Maintenance):
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
         )
-        if isinstance(flow, Outcome):
-            return flow
-        return await drive_async(self, flow)
+        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+        if tracer is None:
+            return flow if isinstance(flow, Outcome) else await drive_async(self, flow)
+        return await tracing.run_async(tracer, operation, _driven_async, self, flow)
 
     def run_many(
         self,
@@ -99,8 +105,10 @@ class IdempotencyHandler(Maintenance):
         """``run`` for a batch, with one store round trip for all the claims (and, with
         ``batch_completion=True``, one for all the successes).  Each call is a mapping of
         ``run``'s keyword arguments (``operation``, ``tenant``, ``key``, ``payload``,
-        ``require_key``, ``ttl``, …; other entries are ignored); the body is ``fn(call)``
-        (``fn(call, conn)`` with ``transactional=True``).  One outcome per call, in order.
+        ``require_key``, ``ttl``, …; ``trace_attributes``: the semantic-convention attributes
+        of this call's message, for its span when tracing is on; other entries are ignored);
+        the body is ``fn(call)`` (``fn(call, conn)`` with ``transactional=True``).  One
+        outcome per call, in order.
 
         ``batch_completion=True`` writes the successes together after the bodies: a crash
         between a body and that write re-runs the body once its lease expires, so the
@@ -138,7 +146,11 @@ class IdempotencyHandler(Maintenance):
             )
         refusal = self._transactional_refusal(transactional, on_loop, "run_many_async")
         entries = [self._entry(item, refusal) for item in calls]
-        return execute_many(self, entries, fn, Mode(permanent, transactional, batch_completion))
+        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+        spans = None if tracer is None else tracing.BatchSpans(tracer, calls)
+        return execute_many(
+            self, entries, fn, Mode(permanent, transactional, batch_completion, spans)
+        )
 
     def execute(
         self,
@@ -161,7 +173,11 @@ class IdempotencyHandler(Maintenance):
             fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
         )
-        outcome = flow if isinstance(flow, Outcome) else drive(self, flow)
+        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+        if tracer is None:
+            outcome = flow if isinstance(flow, Outcome) else drive(self, flow)
+        else:
+            outcome = tracing.run(tracer, operation, _driven, self, flow)
         result: T = outcome.unwrap()
         return result
 
@@ -287,6 +303,14 @@ class IdempotencyHandler(Maintenance):
         except IdempotencyError as err:
             return _rejected(err, operation, tenant, key)
         return Entry(item, call.scope.operation if call else str(operation), call)
+
+
+def _driven(engine: IdempotencyHandler, flow: Flow | Outcome) -> Outcome:
+    return flow if isinstance(flow, Outcome) else drive(engine, flow)
+
+
+async def _driven_async(engine: IdempotencyHandler, flow: Flow | Outcome) -> Outcome:
+    return flow if isinstance(flow, Outcome) else await drive_async(engine, flow)
 
 
 def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:

@@ -104,6 +104,9 @@ class Outcome:
     #: its outcome was written, so nothing of it was recorded (``lease_lost``).  Its result
     #: is its own; a queue integration should not ack this delivery as the scope's answer.
     lease_lost: bool = field(default=False, compare=False)
+    #: For a replay: the W3C ``traceparent`` of the execution whose result it returns, when
+    #: that execution was traced (OpenTelemetry); its span links to it.
+    replayed_from: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def settled(self) -> bool:

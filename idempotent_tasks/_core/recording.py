@@ -12,6 +12,7 @@ from collections.abc import Generator
 from typing import Any
 
 from ..typing import Permanent
+from . import tracing
 from .answers import finished, not_recorded
 from .caching import cache_put
 from .commands import Command, Sleep, StoreCall
@@ -20,6 +21,7 @@ from .errors import ErrorCode, IdempotencyError, StoreUnavailableError
 from .outcome import Outcome, OutcomeKind
 from .records import IdempotencyContext
 from .signals import Poison, Release
+from .tracing import API as _OTEL
 
 Flow = Generator[Command, Any, Outcome]
 Step = Generator[Command, Any, Any]
@@ -28,14 +30,16 @@ Step = Generator[Command, Any, Any]
 def complete(
     engine: Engine, call: Call, claim: Claim, ctx: IdempotencyContext, value: Any
 ) -> Flow:
-    """Record a body's result (step 5): SUCCESS, conditional on status and our token."""
+    """Record a body's result (step 5): SUCCESS, conditional on status and our token.  While
+    tracing is on, the record keeps the traceparent of this execution's span."""
     try:
         encoded = engine.encode_response(call, value)
     except IdempotencyError as err:  # the body ran: it must never run again
         return (yield from unstorable(engine, call, claim, ctx, err))
     now = engine.clock()
+    stored_form = encoded if _OTEL._TRACER_PROVIDER is None else tracing.stored_form(encoded)
     command = StoreCall("mark_success", (call.scope,), {
-        "token": claim.token, "response": encoded, "now": now,
+        "token": claim.token, "response": stored_form, "now": now,
         "expires_at": now + call.options.ttl,
     })
     try:
@@ -49,7 +53,7 @@ def complete(
         return not_recorded(call, claim, ctx, err)
     if stored and engine.cache is None:  # the common case: nothing more to write
         return recorded(engine, call, claim, ctx, encoded)
-    return (yield from succeeded(engine, call, claim, ctx, encoded, stored, now))
+    return (yield from succeeded(engine, call, claim, ctx, stored_form, stored, now))
 
 
 def recorded(
@@ -67,14 +71,15 @@ def succeeded(
     call: Call,
     claim: Claim,
     ctx: IdempotencyContext,
-    encoded: bytes,
+    stored_form: bytes,
     stored: bool,
     now: float,
 ) -> Flow:
-    """After the SUCCESS write (``stored`` False: it was refused): the replayable value,
-    metrics, log and cache."""
+    """After the SUCCESS write of ``stored_form`` (``stored`` False: it was refused): the
+    replayable value, metrics, log and cache."""
+    encoded, _ = tracing.unwrap(stored_form)
     if not stored:
-        adopted = yield from _adopt_success(engine, call, encoded)
+        adopted = yield from _adopt_success(engine, call, stored_form)
         if not adopted:
             engine.lease_lost(call)
             stale = finished(call, claim, ctx, "executed", result=engine._loads(encoded))
@@ -82,11 +87,13 @@ def succeeded(
             return stale
     outcome = recorded(engine, call, claim, ctx, encoded)
     if engine.cache is not None:
-        yield from cache_put(engine, call, encoded, now + call.options.ttl)
+        yield from cache_put(engine, call, stored_form, now + call.options.ttl)
     return outcome
 
 
-def _adopt_success(engine: Engine, call: Call, encoded: bytes) -> Generator[Command, Any, bool]:
+def _adopt_success(
+    engine: Engine, call: Call, stored_form: bytes
+) -> Generator[Command, Any, bool]:
     """Our SUCCESS write was refused.  If no attempt owns the scope any more — recovery
     released it while we were paused past our lease — the body that really ran is ours:
     claim the scope afresh and record its outcome, so that no redelivery runs it again.
@@ -102,7 +109,7 @@ def _adopt_success(engine: Engine, call: Call, encoded: bytes) -> Generator[Comm
             return False
         stored: bool = yield from write_outcome(
             engine, call, "mark_success",
-            {"token": claimed.record.fencing_token, "response": encoded, "now": now,
+            {"token": claimed.record.fencing_token, "response": stored_form, "now": now,
              "expires_at": now + call.options.ttl},
         )
     except IdempotencyError:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..typing import Permanent
+from . import tracing
 from .answers import finished, refused
 from .commands import Command, RunBody, StoreCall, TxBegin, TxCall, TxEnd
 from .engine import Call, Claim, Engine
@@ -79,8 +80,8 @@ def _in_transaction(
     now = engine.clock()
     try:
         ok = yield TxCall(
-            tx, "mark_success", call.scope, token=claim.token, response=encoded, now=now,
-            expires_at=now + call.options.ttl,
+            tx, "mark_success", call.scope, token=claim.token,
+            response=tracing.stored_form(encoded), now=now, expires_at=now + call.options.ttl,
         )
         if not ok:
             yield TxCall(tx, "rollback")
@@ -121,8 +122,13 @@ def _as_duplicate(engine: Engine, call: Call, claim: Claim, ctx: IdempotencyCont
     try:
         record = yield StoreCall("get", (call.scope,), {})
         if record is not None and record.status is Status.SUCCESS:
-            value = engine.decode(call, record.response)
-            return finished(call, claim, ctx, "replayed", result=value)
+            response, parent = (None, None) if record.response is None else (
+                tracing.unwrap(record.response)
+            )
+            value = engine.decode(call, response)
+            outcome = finished(call, claim, ctx, "replayed", result=value)
+            outcome.replayed_from = parent
+            return outcome
     except IdempotencyError as err:
         return finished(call, claim, ctx, refusal_kind(err.code, ran=True), err=err)
     if record is not None and record.status is Status.FAILED:

@@ -25,13 +25,14 @@ import random
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from celery import states
 from celery.exceptions import Reject
 from celery.utils.time import get_exponential_backoff_interval
 
 from .._core.errors import ErrorCode, IdempotencyError, make_error
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
-from .._core.records import IdempotencyContext
+from .._core.records import IdempotencyContext, Status
 from ._delivery import Delivery, RetryRequested
 
 _MAX_EXPONENT = 16
@@ -175,6 +176,34 @@ def publish_retry(delivery: Delivery, **options: Any) -> NoReturn:
     raise AssertionError("Task.retry returned")  # pragma: no cover - retry always raises
 
 
+def restore_success(task: Any, task_id: str, handler: IdempotencyHandler) -> None:
+    """Once Celery stored a task's RETRY state: put the scope's result back if it succeeded.
+
+    ``Task.retry`` publishes the retry before the worker stores RETRY, and Celery's guard
+    against overwriting a SUCCESS reads the state before it writes: a retry that ran to
+    SUCCESS elsewhere in between is overwritten, and the task id stays RETRY for good (its
+    ``AsyncResult.get()`` never returns).  A retry's SUCCESS is written after its scope's, so
+    reading the scope now sees every SUCCESS that the RETRY write can have hidden; the result
+    stored is the scope's, what the retry returned or will replay.
+    """
+    request = task.request
+    ctx = getattr(request, "idempotency", None)
+    if (ctx is None or ctx.key is None or ctx.tenant is None or request.is_eager
+            or task.ignore_result or getattr(request, "ignore_result", False)):
+        return
+    try:
+        record = handler.get_record(operation=ctx.operation, tenant=ctx.tenant, key=ctx.key)
+        if record is None or record.status is not Status.SUCCESS or (
+                ctx.request_hash is not None and record.request_hash != ctx.request_hash):
+            return
+        task.backend.store_result(task_id, record.response, states.SUCCESS, request=request)
+    except Exception as exc:  # the store or backend is down: the retry goes on unchecked
+        handler.log.info("celery_retry_state_unchecked", task_id=task_id, error=repr(exc))
+        return
+    handler.log.info("celery_retry_state_replaced", task_id=task_id, operation=ctx.operation,
+                     tenant=ctx.tenant, key=ctx.key)
+
+
 def transient_countdown(task: Any, failures: int) -> float:
     """Celery's own options: ``retry_backoff`` (factor, ``retry_backoff_max``,
     ``retry_jitter``) when set, else ``default_retry_delay``."""
@@ -201,4 +230,7 @@ ACTIONS: dict[str, Callable[[Delivery, Outcome], Any]] = {
     "store_unavailable": _wait,
 }
 
-__all__ = ["ACTIONS", "apply", "invalid_input", "publish_retry", "transient_retry", "wait_retry"]
+__all__ = [
+    "ACTIONS", "apply", "invalid_input", "publish_retry", "restore_success", "transient_retry",
+    "wait_retry",
+]

@@ -46,8 +46,9 @@ def check_configuration(app: celery.Celery) -> list[str]:
     return [name for name, _ in risks]
 
 
-def find_risks(app: celery.Celery) -> list[Risk]:
-    """The risks of ``app``'s configuration, without reporting them."""
+def find_risks(app: celery.Celery, pool: Any = None) -> list[Risk]:
+    """The risks of ``app``'s configuration, without reporting them; ``pool``: the worker's
+    pool (name or class) when known, else ``worker_pool``."""
     state = state_for(app)
     handler, conf = state.handler, app.conf
     lease = handler.defaults.lease_timeout
@@ -56,7 +57,7 @@ def find_risks(app: celery.Celery) -> list[Risk]:
     if handler.heartbeat_interval is None and (time_limit is None or time_limit > lease):
         risks.append(("lease_may_expire_while_running",
                       {"lease_timeout": lease, "task_time_limit": time_limit}))
-    risks.extend(_broker_risks(conf, lease))
+    risks.extend(_broker_risks(conf, lease, conf.worker_pool if pool is None else pool))
     risks.extend(_task_risks(app))
     return risks
 
@@ -70,25 +71,32 @@ def report(app: celery.Celery, risks: list[Risk]) -> None:
                       stacklevel=2)
 
 
-def report_once(app: celery.Celery) -> None:
+def report_once(app: celery.Celery, pool: Any = None) -> None:
     """In a worker, after logging is set up: report the app's risks, once per process."""
     if getattr(app, _REPORTED, False):
         return
     setattr(app, _REPORTED, True)
     app.finalize(auto=True)  # what the worker does next: every task of the app is known
     state = state_for(app)
-    risks = find_risks(app)
+    risks = find_risks(app, pool)
     state.risks = [name for name, _ in risks]
     report(app, risks)
 
 
-def _broker_risks(conf: Any, lease: float) -> list[Risk]:
+def _broker_risks(conf: Any, lease: float, pool: Any) -> list[Risk]:
     url = str(conf.broker_url or "")
     scheme = url.split("://", 1)[0].lower()
     risks: list[Risk] = []
     if scheme in _AMQP_SCHEMES:
         if not conf.broker_heartbeat:
             risks.append(("broker_heartbeat_disabled", {"broker_heartbeat": conf.broker_heartbeat}))
+        if _is_threads_pool(pool) and conf.get("worker_enable_prefetch_count_reduction"):
+            # After a reconnect Celery restores the prefetch count from the thread that acks
+            # a task: a basic.qos that reads the consumer connection while the main thread
+            # reads it too, desynchronising it (docs/celery.md).
+            risks.append(("prefetch_reduction_with_threads_pool",
+                          {"worker_pool": "threads",
+                           "worker_enable_prefetch_count_reduction": True}))
         if lease > RABBITMQ_CONSUMER_TIMEOUT:
             risks.append(("lease_exceeds_consumer_timeout",
                           {"lease_timeout": lease, "consumer_timeout": RABBITMQ_CONSUMER_TIMEOUT}))
@@ -96,6 +104,12 @@ def _broker_risks(conf: Any, lease: float) -> list[Risk]:
     # copy sees REQUEST_IN_PROGRESS and waits, which is safe exactly while the lease is live —
     # the heartbeat/time-limit check above covers it, so no separate risk here.
     return risks
+
+
+def _is_threads_pool(pool: Any) -> bool:
+    """``--pool threads``: the alias, the class's path, or the class."""
+    name = str(pool if isinstance(pool, str) else getattr(pool, "__module__", ""))
+    return name == "threads" or name.startswith("celery.concurrency.thread")
 
 
 def _task_risks(app: celery.Celery) -> list[Risk]:

@@ -92,19 +92,21 @@ def _connect_worker_signals(app: celery.Celery) -> None:
     up logging (every task module is imported by then), and run in-worker maintenance when
     ``setup`` asked for it."""
     worker_of_app = False
+    pool: Any = None  # the worker's pool, as ``--pool`` gave it
 
     def on_init(sender: Any = None, **_: Any) -> None:
-        nonlocal worker_of_app
-        worker_of_app = worker_of_app or getattr(sender, "app", None) is app
+        nonlocal worker_of_app, pool
+        if getattr(sender, "app", None) is app:
+            worker_of_app, pool = True, getattr(sender, "pool_cls", None)
 
     def on_logging(**_: Any) -> None:  # sent with sender=None, in the worker's main process
         if worker_of_app:
-            report_once(app)
+            report_once(app, pool)
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
-        report_once(app)  # when the application set up logging itself (no after_setup_logger)
+        report_once(app, pool)  # when the application set up logging itself
         if state_for(app).maintenance == "worker":
             start_maintenance(app)
 

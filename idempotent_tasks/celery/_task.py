@@ -22,12 +22,14 @@ import celery
 import structlog
 from celery.exceptions import Ignore, Reject
 
+from .._core import tracing
 from .._core.context import current_context
 from .._core.errors import IdempotencyError
 from ..typing import Permanent, Seconds
 from . import _outcomes
 from ._delivery import KEY_HEADER, TENANT_HEADER, Delivery, RetryRequested, resolve
 from ._state import ATTRIBUTE, CeleryState, state_for
+from ._tracing import delivery_attributes
 
 _FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent")
 _IN_BODY = "_idempotency_in_body"
@@ -143,6 +145,12 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
             raise RetryRequested(kwargs)
         return super().retry(*args, **kwargs)
 
+    def on_retry(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """Celery stored RETRY: if the scope succeeded meanwhile (a fast retry), its result is
+        stored back (``_outcomes.restore_success``).  Overrides must call ``super()``."""
+        super().on_retry(exc, task_id, args, kwargs, einfo)
+        _outcomes.restore_success(self, task_id, state_for(self.app).handler)
+
     def is_permanent(self, exc: BaseException) -> bool:
         """``permanent=`` plus Celery's own "never again" signals: ``Reject(requeue=False)``
         and ``Ignore``.  Everything else (``SoftTimeLimitExceeded`` included) is transient."""
@@ -195,13 +203,14 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
         body: Callable[..., Any] = lambda conn: _body(delivery, conn)  # noqa: E731
     else:
         body = lambda: _body(delivery, None)  # noqa: E731
-    outcome = delivery.handler.run(
-        body, operation=task.name, tenant=delivery.tenant, key=delivery.key,
-        payload=delivery.payload, permanent=task.is_permanent,
-        transactional=task.transactional, require_key=task.require_key, ttl=task.ttl,
-        lease_timeout=task.lease_timeout, max_retries=task.idempotency_max_retries,
-        on_stuck=task.on_stuck,  # type: ignore[arg-type]
-    )
+    with tracing.messaging(lambda: delivery_attributes(task)):
+        outcome = delivery.handler.run(
+            body, operation=task.name, tenant=delivery.tenant, key=delivery.key,
+            payload=delivery.payload, permanent=task.is_permanent,
+            transactional=task.transactional, require_key=task.require_key, ttl=task.ttl,
+            lease_timeout=task.lease_timeout, max_retries=task.idempotency_max_retries,
+            on_stuck=task.on_stuck,  # type: ignore[arg-type]
+        )
     return _outcomes.apply(delivery, outcome)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core import tracing
 from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
@@ -21,6 +22,7 @@ from .._core.validation import validate_operation, validate_tenant
 from ..typing import OnStuck, Permanent, Seconds
 from ._message import Message
 from ._resolve import KeySpec, PayloadSpec, Resolved, Resolver, TenantSpec
+from ._semconv import message_attributes
 
 Body = Callable[..., Any]
 
@@ -95,13 +97,14 @@ class IdempotentConsumer:
         if isinstance(resolved, Outcome):
             return resolved
         payload = resolved.payload
-        outcome = self.handler.run(
-            (lambda conn: fn(payload, conn, **_outbox(fn))) if self.transactional
-            else (lambda: fn(payload)),
-            operation=self.operation, tenant=resolved.tenant, key=resolved.key,
-            payload=payload, permanent=self.permanent, transactional=self.transactional,
-            require_key=self.require_key, **self._options,
-        )
+        with tracing.messaging(lambda: message_attributes(message)):
+            outcome = self.handler.run(
+                (lambda conn: fn(payload, conn, **_outbox(fn))) if self.transactional
+                else (lambda: fn(payload)),
+                operation=self.operation, tenant=resolved.tenant, key=resolved.key,
+                payload=payload, permanent=self.permanent, transactional=self.transactional,
+                require_key=self.require_key, **self._options,
+            )
         return self._checked(message, outcome)
 
     def process_batch(self, messages: Sequence[Message], fn: Body) -> list[Outcome]:
@@ -114,6 +117,11 @@ class IdempotentConsumer:
              "payload": r.payload, "require_key": self.require_key, **self._options}
             for r in resolved if not isinstance(r, Outcome)
         ]
+        if tracing.enabled():  # each message's span gets its own attributes
+            kept = [m for m, r in zip(messages, resolved, strict=True)
+                    if not isinstance(r, Outcome)]
+            for call, message in zip(calls, kept, strict=True):
+                call[tracing.ATTRIBUTES_ENTRY] = message_attributes(message)
         body: Body = (
             (lambda call, conn: fn(call["payload"], conn, **_outbox(fn))) if self.transactional
             else (lambda call: fn(call["payload"]))

@@ -53,9 +53,17 @@ def install_signal_handlers(
     main thread; returns False (and changes nothing) elsewhere."""
     if threading.current_thread() is not threading.main_thread():
         return False
+    signalled = False
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        # A handler runs between two bytecodes of the main thread, which may hold the event's
+        # lock right then: inside ``stop.wait()``, or inside this very handler's ``set()`` when
+        # a second SIGTERM arrives.  Setting it here would deadlock: set it once, from a thread.
+        nonlocal signalled
+        if signalled:
+            return
+        signalled = True
+        threading.Thread(target=stop.set, name="idempotent-tasks-stop", daemon=True).start()
 
     for sig in signals:
         signal.signal(sig, handle)

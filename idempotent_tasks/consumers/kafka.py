@@ -24,10 +24,11 @@ Spec sheet
   the store keeps the verdict, and they never loop.
 * **Rebalances** (eager and cooperative-sticky alike): on revoke, the offsets of durable
   outcomes not yet committed are committed — never past a message waiting for a retry — and
-  pending retries of the revoked partitions are dropped (the new owner starts from the
-  committed offset and runs or replays what follows); on a lost assignment nothing is
-  committed.  A consumer stopped mid-body finishes the message in hand, commits it, and
-  leaves the group.
+  pending retries of the revoked partitions are dropped and their partitions resumed (the
+  new owner, this consumer again included, starts from the committed offset and runs or
+  replays what follows: librdkafka keeps a partition paused through an eager rebalance that
+  gives it back); on a lost assignment nothing is committed.  A consumer stopped mid-body
+  finishes the message in hand, commits it, and leaves the group.
 * **Defaults**: ``auto.offset.reset`` is ``earliest`` unless the config says otherwise (a new
   group must not skip messages produced before it joined).
 * **Crashes**: a killed loop leaves its uncommitted messages to the group; claimed scopes stay
@@ -47,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core import tracing
 from .._core.errors import ConfigurationError
 from .._core.outcome import Outcome
 from ._consumer import IdempotentConsumer
@@ -65,6 +67,7 @@ from ._message import (
     header_text,
     normalize_header_name,
 )
+from ._semconv import loop_attributes
 
 try:
     import confluent_kafka
@@ -211,10 +214,11 @@ class KafkaConsumerLoop:
         if not natives:
             return 0
         messages = [to_message(m) for m in natives]
-        if self.batch_size == 1:
-            outcomes = [self.consumer.process(messages[0], fn)]
-        else:
-            outcomes = self.consumer.process_batch(messages, fn)
+        with tracing.messaging(loop_attributes("kafka", self.config.get("group.id"))):
+            if self.batch_size == 1:
+                outcomes = [self.consumer.process(messages[0], fn)]
+            else:
+                outcomes = self.consumer.process_batch(messages, fn)
         if self.on_outcome is not None:
             for message, outcome in zip(messages, outcomes, strict=True):
                 self.on_outcome(message, outcome)
@@ -362,11 +366,15 @@ class KafkaConsumerLoop:
                 del self._uncommitted[tp]
 
     def _forget(self, partitions: Sequence[Any]) -> None:
+        paused = []
         for native_tp in partitions:
             tp = (native_tp.topic, native_tp.partition)
-            self._retries.pop(tp, None)
+            if self._retries.pop(tp, None) is not None:
+                paused.append(confluent_kafka.TopicPartition(*tp))
             self._attempts.pop(tp, None)
             self._uncommitted.pop(tp, None)
+        if paused:  # else, assigned back by an eager rebalance, it stays paused for good
+            self._kafka.resume(paused)
 
     def _on_assign(self, kafka: Any, partitions: Sequence[Any]) -> None:
         self._forget(partitions)

@@ -47,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._core import tracing
 from .._core.errors import ConfigurationError, IdempotencyError
 from .._core.outcome import Outcome
 from ._consumer import IdempotentConsumer
@@ -65,6 +66,7 @@ from ._message import (
     header_text,
     normalize_header_name,
 )
+from ._semconv import loop_attributes
 
 try:
     import kombu as _kombu
@@ -250,10 +252,11 @@ class RabbitMQConsumerLoop:
             return 0
         natives, self._inbox = self._inbox, []
         messages = [to_message(n, self.queue_name) for n in natives]
-        if len(messages) == 1:
-            outcomes = [self.consumer.process(messages[0], fn)]
-        else:
-            outcomes = self.consumer.process_batch(messages, fn)
+        with tracing.messaging(loop_attributes("rabbitmq")):
+            if len(messages) == 1:
+                outcomes = [self.consumer.process(messages[0], fn)]
+            else:
+                outcomes = self.consumer.process_batch(messages, fn)
         if self.on_outcome is not None:
             for message, outcome in zip(messages, outcomes, strict=True):
                 self.on_outcome(message, outcome)

@@ -31,6 +31,7 @@ from django.utils.html import format_html
 
 from .._core.errors import IdempotencyError, RecordNotFoundError
 from .._core.records import Status
+from .._core.tracing import unwrap
 from . import _settings
 
 UNPOISON_PERMISSION = "idempotent_tasks.unpoison_idempotencyrecord"
@@ -54,17 +55,20 @@ def _when(value: float | None) -> str:
 
 
 def decoded_response(raw: bytes | None) -> str:
-    """The stored response as readable text (an HTTP response with its body decoded)."""
+    """The stored response as readable text (an HTTP response with its body decoded; the
+    traceparent a traced execution keeps beside it on a line of its own)."""
     if raw is None:
         return "—"
+    encoded, parent = unwrap(bytes(raw))
+    trace = "" if parent is None else f"traceparent: {parent}\n"
     try:
-        value = _settings.get_handler().serializer.loads(bytes(raw))
+        value = _settings.get_handler().serializer.loads(encoded)
     except Exception as exc:  # a record written with another serializer
-        return f"(cannot decode: {type(exc).__name__}) {bytes(raw)[:2000]!r}"
+        return f"{trace}(cannot decode: {type(exc).__name__}) {encoded[:2000]!r}"
     if isinstance(value, dict) and {"status", "headers", "body"} <= set(value):
         body = base64.b64decode(value["body"])
         value = {**value, "body": body.decode("utf-8", "replace")}
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return trace + json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]

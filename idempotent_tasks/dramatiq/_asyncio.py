@@ -24,6 +24,7 @@ from typing import Any
 
 from dramatiq.asyncio import get_event_loop_thread
 
+from .._core import tracing
 from .._core.errors import ConfigurationError
 from .._core.handler import IdempotencyHandler
 from . import _state
@@ -72,12 +73,14 @@ def run_on_loop(
         )
     spec = run.spec
     resolved = run.resolve(args, kwargs)
-    outcome = loop_thread.run_coroutine(run.handler.run_async(
-        _body(afn, args, kwargs, spec.transactional), operation=spec.operation,
-        tenant=resolved.tenant, key=resolved.key, payload=resolved.payload,
-        permanent=spec.permanent, transactional=spec.transactional,
-        require_key=spec.require_key,
-    ))
+    # the loop's task runs in a copy of this thread's context: span and attributes included
+    with tracing.messaging(run.trace_attributes):
+        outcome = loop_thread.run_coroutine(run.handler.run_async(
+            _body(afn, args, kwargs, spec.transactional), operation=spec.operation,
+            tenant=resolved.tenant, key=resolved.key, payload=resolved.payload,
+            permanent=spec.permanent, transactional=spec.transactional,
+            require_key=spec.require_key,
+        ))
     return run.finish(outcome)
 
 

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import dramatiq
 from dramatiq.results import Results
 
+from .._core import tracing
 from .._core.errors import IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
@@ -64,13 +65,25 @@ class MessageRun:
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         spec = self.spec
         resolved = self.resolve(args, kwargs)
-        outcome = self.handler.run(
-            _body(fn, args, kwargs, spec.transactional), operation=spec.operation,
-            tenant=resolved.tenant, key=resolved.key, payload=resolved.payload,
-            permanent=spec.permanent, transactional=spec.transactional,
-            require_key=spec.require_key,
-        )
+        with tracing.messaging(self.trace_attributes):
+            outcome = self.handler.run(
+                _body(fn, args, kwargs, spec.transactional), operation=spec.operation,
+                tenant=resolved.tenant, key=resolved.key, payload=resolved.payload,
+                permanent=spec.permanent, transactional=spec.transactional,
+                require_key=spec.require_key,
+            )
         return self.finish(outcome)
+
+    def trace_attributes(self) -> dict[str, Any]:
+        """The messaging semantic-convention attributes of this message, for its span."""
+        name = type(self.broker).__name__
+        system = "rabbitmq" if "Rabbitmq" in name else "redis" if "Redis" in name else None
+        attributes = {
+            "messaging.system": system, "messaging.operation.type": "process",
+            "messaging.destination.name": getattr(self.message, "queue_name", None),
+            "messaging.message.id": getattr(self.message, "message_id", None),
+        }
+        return {k: v for k, v in attributes.items() if v is not None}
 
     # -- the two halves of ``run``, shared with the asyncio path (``_asyncio``) -----------
     def resolve(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Resolved:

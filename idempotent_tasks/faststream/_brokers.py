@@ -180,13 +180,23 @@ _BY_PACKAGE: dict[str, type[Broker]] = {
 }
 
 
+#: The adapter of each ``StreamMessage`` class seen (adapters hold no state).
+_ADAPTERS: dict[type, Broker] = {}
+
+
 def broker_for(msg: Any) -> Broker:
     """The adapter for a delivery, from the package of its ``StreamMessage`` class."""
-    module = type(msg).__module__
-    for package, adapter in _BY_PACKAGE.items():
-        if module == package or module.startswith(package + "."):
-            return adapter()
-    return Broker()
+    cls = type(msg)
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        module = cls.__module__
+        adapter = next(
+            (make() for package, make in _BY_PACKAGE.items()
+             if module == package or module.startswith(package + ".")),
+            None,
+        ) or Broker()
+        _ADAPTERS[cls] = adapter
+    return adapter
 
 
 def _headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:

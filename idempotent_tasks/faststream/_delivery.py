@@ -37,6 +37,7 @@ from typing import Any
 from faststream import AckPolicy
 from faststream.exceptions import HandlerException
 
+from .._core import tracing
 from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError, InvalidInputError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
@@ -55,8 +56,13 @@ from ..consumers._resolve import (
     TenantSpec,
     is_structured_cloudevent,
 )
+from ..consumers._semconv import message_attributes
 from ..typing import OnStuck, Permanent, Seconds
 from ._brokers import Broker, broker_for
+
+#: ``messaging.system`` of each broker adapter (``generic``: not known).
+_SYSTEMS = {"rabbit": "rabbitmq", "kafka": "kafka", "confluent": "kafka", "nats": "nats",
+            "redis": "redis"}
 
 Call = Callable[[], Awaitable[Any]]
 _MAX_TRACKED_ATTEMPTS = 10_000
@@ -141,11 +147,13 @@ class Subscription:
                 operation=operation, refusal=resolved,
             )
         else:
-            outcome = await self.handler.run_async(
-                call, operation=operation, tenant=resolved.tenant,  # type: ignore[arg-type]
-                key=resolved.key, payload=resolved.payload, permanent=self.permanent,
-                require_key=self.require_key, **self.options,
-            )
+            system = _SYSTEMS.get(adapter.name)
+            with tracing.messaging(lambda: message_attributes(message, system)):
+                outcome = await self.handler.run_async(
+                    call, operation=operation, tenant=resolved.tenant,  # type: ignore[arg-type]
+                    key=resolved.key, payload=resolved.payload, permanent=self.permanent,
+                    require_key=self.require_key, **self.options,
+                )
         if self.on_outcome is not None:
             self.on_outcome(message, outcome)
         if outcome.settled and not outcome.dead_letter:

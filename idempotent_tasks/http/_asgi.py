@@ -177,6 +177,7 @@ class _Capture:
         self.streamed = False
         #: A streamed response's last message, sent once the outcome is written (flush).
         self.held: Message | None = None
+        self._response: CapturedResponse | None = None  # built once (finish, then the answer)
 
     async def __call__(self, message: Message) -> None:
         kind = message["type"]
@@ -219,8 +220,12 @@ class _Capture:
         """The buffered response, once complete (``None`` if it was streamed or cut short)."""
         if self.start is None or not self.complete or self.streamed:
             return None
-        headers = [(bytes(k), bytes(v)) for k, v in self.start.get("headers", [])]
-        return CapturedResponse(int(self.start["status"]), headers, b"".join(self._chunks))
+        response = self._response
+        if response is None:
+            headers = [(bytes(k), bytes(v)) for k, v in self.start.get("headers", [])]
+            response = CapturedResponse(int(self.start["status"]), headers, b"".join(self._chunks))
+            self._response = response
+        return response
 
     def finish(self, match: RouteMatch, policy: Policy) -> dict[str, Any]:
         """The value to store (a 2xx), or raise the failure the handler must record."""

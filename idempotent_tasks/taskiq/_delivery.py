@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .._core import tracing
 from .._core.errors import IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
@@ -64,6 +65,8 @@ class Delivery:
     message: Any
     on_outcome: Callable[[Any, Outcome], None] | None = None
     outcome: Outcome | None = field(default=None)
+    #: The worker's broker (for the span's ``messaging.system`` and destination).
+    broker: Any = None
 
     async def run(self, spec: TaskSpec, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
@@ -77,16 +80,29 @@ class Delivery:
             if self.on_outcome is not None:
                 self.on_outcome(message, self.outcome)
             raise err from None
-        self.outcome = outcome = await self.handler.run_async(
-            _body(fn, args, kwargs), operation=operation, tenant=resolved.tenant,
-            key=resolved.key, payload=resolved.payload, permanent=spec.permanent,
-            require_key=spec.require_key,
-        )
+        with tracing.messaging(lambda: trace_attributes(self.broker, message)):
+            self.outcome = outcome = await self.handler.run_async(
+                _body(fn, args, kwargs), operation=operation, tenant=resolved.tenant,
+                key=resolved.key, payload=resolved.payload, permanent=spec.permanent,
+                require_key=spec.require_key,
+            )
         if self.on_outcome is not None:
             self.on_outcome(message, outcome)
         if outcome.kind in ("executed", "replayed"):
             return outcome.result
         _raise(outcome)
+
+
+def trace_attributes(broker: Any, message: Any) -> dict[str, Any]:
+    """The messaging semantic-convention attributes of a taskiq message, for its span."""
+    module = type(broker).__module__
+    system = "rabbitmq" if "aio_pika" in module else "redis" if "redis" in module else None
+    attributes = {
+        "messaging.system": system, "messaging.operation.type": "process",
+        "messaging.destination.name": getattr(broker, "queue_name", None),
+        "messaging.message.id": getattr(message, "task_id", None),
+    }
+    return {k: v for k, v in attributes.items() if isinstance(v, str | int)}
 
 
 def _raise(outcome: Outcome) -> NoReturn:

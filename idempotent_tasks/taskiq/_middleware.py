@@ -77,7 +77,8 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         task = self.broker.find_task(message.task_name)
         if task is not None and task.labels.get(MARK_LABEL):
             _delivery.current.set(
-                _delivery.Delivery(self.handler, self.default_tenant, message, self.on_outcome)
+                _delivery.Delivery(self.handler, self.default_tenant, message, self.on_outcome,
+                                   broker=self.broker)
             )
         return message
 

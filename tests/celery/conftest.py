@@ -37,6 +37,9 @@ def new_app(name: str, **conf: Any) -> Celery:
         result_expires=600,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
+        # the threads pool on RabbitMQ: Celery's post-reconnect prefetch restore reads the
+        # consumer connection from pool threads (docs/celery.md); what the library warns about
+        worker_enable_prefetch_count_reduction=False,
         **conf,
     )
     return app

@@ -85,6 +85,17 @@ class _CeleryIntegration(BaseIntegration):
         )
         self._sent.add(delivery, result.id)
 
+    def _backend_states(self) -> list[str]:
+        """What the result backend holds for each unanswered delivery."""
+        lines = []
+        for _, i in self._sent.items():
+            if i not in self._answers:
+                raw = self._redis.get(f"celery-task-meta-{i}")
+                meta = json.loads(raw) if raw else {}
+                lines.append(f"result backend {i}: {meta.get('status')} "
+                             f"date_done={meta.get('date_done')} result={meta.get('result')}")
+        return lines[:20]
+
     def results(self) -> dict[str, list[Any]]:
         pending = [i for _, i in self._sent.items() if i not in self._answers]
         for start in range(0, len(pending), 500):
@@ -120,8 +131,19 @@ class CeleryIntegration(_CeleryIntegration):
         return f"{self.vhost.close_connections()} connections closed"
 
     def diagnose(self) -> str:
-        return rabbitmqctl("list_queues", "-p", self.vhost.name, "name", "messages_ready",
-                           "messages_unacknowledged")
+        """The run's queues, and every channel of the vhost (prefetch, unacked) with its
+        consumers: which connection holds what a stalled drain waits for."""
+        queues = rabbitmqctl("list_queues", "-p", self.vhost.name, "name", "messages_ready",
+                             "messages_unacknowledged", "consumers")
+        channels = [line for line in rabbitmqctl(
+            "list_channels", "name", "vhost", "number", "consumer_count", "prefetch_count",
+            "messages_unacknowledged", "messages_unconfirmed").splitlines()
+            if f"\t{self.vhost.name}\t" in line]
+        consumers = rabbitmqctl("list_consumers", "-p", self.vhost.name, "queue_name",
+                                "channel_pid", "consumer_tag", "ack_required", "prefetch_count",
+                                "active")
+        return "\n".join([queues, "channels:", *channels, "consumers:", consumers,
+                          *self._backend_states()])
 
 
 class CeleryRedisIntegration(_CeleryIntegration):

@@ -2,12 +2,13 @@
 
 Both ledger profiles are tasks of one app on one queue: ``chaos.tx`` (``transactional=True``)
 and ``chaos.plain``.  Defaults of the integration are kept (``acks_late``,
-``reject_on_worker_lost``); retries are made short so a run stays within its budget.  The
+``reject_on_worker_lost``); retries are made short so a run stays within its budget, and the
+prefetch count is not reduced after a reconnect (unsafe with the threads pool).  The
 broker is RabbitMQ (with publisher confirms) or Redis (a short ``visibility_timeout`` and a
 1 s unacked-restore sweep), from the transport options the harness passes.  Every delivery
-is logged (``chaos_delivery``), and so is every retry published (``chaos_retry``), so that the
-harness can count redeliveries and tell a message that never arrived from one that was
-processed.
+is logged (``chaos_delivery``), and so is every retry published (``chaos_retry``) and every
+SUCCESS stored (``chaos_success``), so that the harness can count redeliveries and tell a
+message that never arrived from one that was processed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ app.conf.update(
     worker_hijack_root_logger=False,
     worker_enable_remote_control=False,
     broker_transport_options=cfg.broker_options,
+    # The threads pool: after a reconnect Celery would restore the reduced prefetch count
+    # from the threads that ack, with a basic.qos that reads the consumer connection while
+    # the main thread reads it too; the stream desynchronises and the worker sits on its
+    # prefetched messages (docs/celery.md, risk ``prefetch_reduction_with_threads_pool``).
+    worker_enable_prefetch_count_reduction=False,
 )
 LOG = logging.getLogger("chaos")
 
@@ -48,6 +54,13 @@ def log_delivery(task_id: str = "", task: Any = None, args: Any = (), **_: Any) 
 def log_retry(request: Any = None, **_: Any) -> None:
     """Sent once ``Task.retry`` has published the retry message (a new broker message)."""
     LOG.warning("chaos_retry task_id=%s at=%.3f", getattr(request, "id", "?"), time.time())
+
+
+@signals.task_success.connect
+def log_success(sender: Any = None, **_: Any) -> None:
+    """Sent once the task's SUCCESS is stored in the result backend."""
+    LOG.warning("chaos_success task_id=%s at=%.3f", getattr(sender.request, "id", "?"),
+                time.time())
 
 
 handler = make_handler(cfg)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 
 from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler, MemoryStore
 from idempotent_tasks.consumers import IdempotentConsumer, Message, Outcome
@@ -226,3 +228,44 @@ def test_config_guarantees() -> None:
         KafkaConsumerLoop(make_consumer(), {"bootstrap.servers": "x:1", "group.id": "g"},
                           topics=["t"], retry_backoff=(0, 1))
     assert info.value.code == ErrorCode.CONFIGURATION_ERROR
+
+
+def test_a_retry_pending_through_an_eager_rebalance_is_consumed_again(
+    kafka_bootstrap: str,
+) -> None:
+    """librdkafka keeps a partition's pause through an eager rebalance: a partition revoked
+    while its retry was pending, then assigned back to the same consumer, must be resumed by
+    the loop (it dropped the retry), or it is never consumed again.  A second member of the
+    group subscribed to another topic forces the rebalance (range: every partition revoked,
+    then all assigned back to the loop); the retry's own backoff is longer than the test."""
+    topic, elsewhere = create_topic(kafka_bootstrap, partitions=2), create_topic(kafka_bootstrap)
+    consumer = make_consumer()
+    busy = consumer.handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
+    assert busy is not None
+    claim = claimed(consumer.handler, busy)  # another worker holds this scope
+    produce(kafka_bootstrap, topic, [{**record({"i": "busy"}, "busy"), "partition": 0},
+                                     {**record({"i": "after"}, "after"), "partition": 0},
+                                     {**record({"i": 1}, "p1"), "partition": 1}])
+    seen = Seen()
+    config = {**kafka_config(kafka_bootstrap), "partition.assignment.strategy": "range"}
+    loop = KafkaConsumerLoop(consumer, config, topics=[topic], on_outcome=seen,
+                             retry_backoff=(300, 300), maintenance=False)
+    other = Consumer({**config, "enable.auto.commit": False})
+    joined = threading.Event()
+    with running(loop, lambda payload: payload["i"]):
+        wait_for(lambda: seen.kinds()["in_progress"] == 1, 30, "partition 0 paused for a retry")
+        wait_for(lambda: committed(kafka_bootstrap, config["group.id"], topic, 2) == [-1001, 1],
+                 30, "partition 1 committed")
+        assert completed(consumer.handler, busy, claim, "by-the-other-worker")
+        other.subscribe([elsewhere], on_assign=lambda *_: joined.set())
+        try:
+            deadline = time.monotonic() + 30
+            while not joined.is_set():  # the join is answered in the polls (Tansu: ~3 s)
+                assert time.monotonic() < deadline, "the second member never joined"
+                other.poll(0.2)
+            wait_for(lambda: committed(kafka_bootstrap, config["group.id"], topic, 2) == [2, 1],
+                     30, "partition 0 consumed again after the rebalance")
+        finally:
+            other.close()
+    replays = [o for m, o in seen.outcomes if m.partition == 0 and o.kind == "replayed"]
+    assert [o.result for o in replays] == ["by-the-other-worker"]

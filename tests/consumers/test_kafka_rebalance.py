@@ -129,9 +129,15 @@ class Group:
 
     def wait_done(self) -> None:
         everything = {k for keys in self.sent.values() for k in keys}
-        wait_for(lambda: set(self.effects()) == everything
-                 and self.committed() == [len(self.sent[p]) for p in range(PARTITIONS)],
-                 REBALANCE, "every message's effect and every partition committed")
+        ends = [len(self.sent[p]) for p in range(PARTITIONS)]
+        try:
+            wait_for(lambda: set(self.effects()) == everything and self.committed() == ends,
+                     REBALANCE, "every message's effect and every partition committed")
+        except pytest.fail.Exception as exc:  # say which partitions and messages are missing
+            missing = sorted(everything - set(self.effects()))
+            owners = {n: sorted(self.assigned(n)) for n in self.procs}
+            raise AssertionError(f"{exc}\ncommitted {self.committed()}, ends {ends}; no effect "
+                                 f"for {missing}; owners now {owners}") from exc
 
     def close(self) -> None:
         for proc in self.procs.values():

@@ -25,6 +25,7 @@ from ...stores.redis._client import (
 from ...stores.redis._plumbing import _SCRIPTS, SCAN_CHUNK, _check_options
 from ...stores.redis._records import Keys, shards
 from ._held import held_connections
+from ._pipe import pipe_for
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -105,11 +106,23 @@ class AsyncRedisPlumbing:
             )
         self._errors: tuple[type[BaseException], ...] = (*driver_errors(), OSError)
         self._noscript: type[Exception] = redis.exceptions.NoScriptError
-        #: At most ``max_connections`` commands in flight: a call beyond them waits for a
-        #: free slot (an uncontended acquire costs no task, unlike a blocking pool's wait).
+        #: Through the client (batches, scans, a client passed in): at most
+        #: ``max_connections`` commands in flight; a call beyond them waits for a free slot
+        #: (an uncontended acquire costs no task, unlike a blocking pool's wait).
         self._slots = asyncio.Semaphore(max_connections)
-        #: The hot path's own connections (``_held.py``): a client we built from a URL only.
-        self._held = held_connections(self._client, max_connections) if self._owned else None
+        #: The hot path, for a client we built from a URL only: one pipelined connection
+        #: (``_pipe.py``) when hiredis serves a plain URL, else held connections (``_held.py``).
+        self._pipe = (
+            pipe_for(
+                url_or_client, connect_timeout=connect_timeout, socket_timeout=socket_timeout,
+                on_lost=self._drain_client,
+            )
+            if isinstance(url_or_client, str) else None
+        )
+        self._held = (
+            held_connections(self._client, max_connections)
+            if self._owned and self._pipe is None else None
+        )
         self._gc_ms = str(int(gc_ttl * 1000)).encode()  # encoded once, sent with every write
         self._shards = shards(prefix)
 
@@ -123,6 +136,10 @@ class AsyncRedisPlumbing:
     def _keys(self, scope: Scope) -> Keys:
         return Keys(scope, self._shards)
 
+    async def _drain_client(self) -> None:
+        """Disconnect the client's idle connections (a lost one means they died too)."""
+        await self._client.connection_pool.disconnect(inuse_connections=False)
+
     # -- running scripts ------------------------------------------------------------------
     async def _eval(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """EVALSHA of ``lua/<name>.lua``, loading it once more when the server does not know
@@ -135,8 +152,11 @@ class AsyncRedisPlumbing:
             return await self._command("EVALSHA", sha, len(keys), *keys, *args)
 
     async def _command(self, *args: Any) -> Any:
-        """One command: on a held connection (a client of our own), else through the
-        client, in a connection slot."""
+        """One command: on the pipelined connection or a held one (a client of our own),
+        else through the client, in a connection slot."""
+        pipe = self._pipe
+        if pipe is not None:
+            return await pipe.execute(*args)
         held = self._held
         if held is not None:
             return await held.execute(*args)
@@ -211,6 +231,8 @@ class AsyncRedisPlumbing:
     async def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
         belongs to the caller)."""
+        if self._pipe is not None:
+            self._pipe.close()
         if self._held is not None:
             await self._held.close()
         if self._owned:

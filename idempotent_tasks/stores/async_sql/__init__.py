@@ -9,19 +9,22 @@
 * Native asyncio: every method is a coroutine (``is_async = True``); under
   ``handler.run_async`` each statement is awaited on the running event loop, with no thread
   hop, on autocommit connections of a ``psycopg_pool.AsyncConnectionPool`` (``pool_size`` at
-  most, opened on first use: the constructor never connects; psycopg prepares repeated
-  statements server-side).  Like SQLStore's raw free list, idle connections stay checked out
-  in a small LIFO list between calls (the pool's checkout and return cost more than a
-  statement); the pool still connects, reconnects and bounds them.  The pool belongs to the
-  event loop that first uses the store: build one store per loop.
+  most, opened on first use: the constructor never connects).  Like SQLStore's raw free
+  list, idle connections stay checked out in a small LIFO list between calls (the pool's
+  checkout and return cost more than a statement); the pool still connects, reconnects and
+  bounds them.  The statements go through libpq directly (``_wire.py``): prepared once per
+  connection, psycopg's own dumpers and loaders, the socket registered with the loop while
+  the store holds the connection.  The pool belongs to the event loop that first uses the
+  store: build one store per loop.
 * Failures: a database without the store's tables or sequence raises
   :class:`~idempotent_tasks.ConfigurationError` ("schema not created: run
   ``idempotent-tasks migrate``"); every other driver or pool error — an unreachable server
   after ``connect_timeout`` included — becomes :class:`~idempotent_tasks.StoreUnavailableError`
   (the handler fails closed: the body does not run).  Every statement has a deadline
-  (``socket_timeout``, default 30 s): a timer on the loop shuts the connection's socket down
-  when a statement outlives it (a silent link), the call fails closed at once and the
-  connection is discarded; a lost connection also drains the pool's idle ones.
+  (``socket_timeout``, default 30 s): one timer per store, on the oldest statement in flight,
+  shuts the connection's socket down when a statement outlives it (a silent link), the call
+  fails closed at once and the connection is discarded; a lost connection also drains the
+  pool's idle ones.
 * Schema: ``await store.create_schema()`` creates exactly what ``SQLStore.create_schema()``
   creates (it runs that migration on a worker thread: DDL is a deployment step, not the hot
   path); ``idempotent-tasks migrate`` with the same URL does the same from a shell.

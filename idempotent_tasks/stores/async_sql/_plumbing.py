@@ -1,4 +1,4 @@
-"""AsyncSQLStore's plumbing: the psycopg async pool, one deadline per statement, error
+"""AsyncSQLStore's plumbing: the psycopg async pool, the statements' deadline, error
 translation, and the SQL text (taken from SQLStore's own statement builders)."""
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from ..sql._schema import DEFAULT_TABLE_PREFIX
 from ._connections import Connections
 
 if TYPE_CHECKING:
-    import psycopg
     from psycopg_pool import AsyncConnectionPool
+
+    from ._wire import Watchdog, Wire
 
 INSTALL_HINT: Final = (
     "AsyncSQLStore needs psycopg 3 and psycopg_pool: pip install 'idempotent-tasks[postgres]'"
@@ -117,6 +118,12 @@ class AsyncSQLPlumbing:
         self._opening: asyncio.Task[AsyncConnectionPool[Any]] | None = None
         #: The pool's connections, kept checked out and reused LIFO (``_connections.py``).
         self._conns = Connections(self._get_pool, pool_size, self._connect_timeout)
+        #: The statements' deadline: one timer on the oldest in flight (``_wire.py``).
+        self._watchdog: Watchdog | None = None
+        if socket_timeout is not None:
+            from ._wire import Watchdog
+
+            self._watchdog = Watchdog(socket_timeout)
 
     def __repr__(self) -> str:
         import sqlalchemy as sa
@@ -158,68 +165,61 @@ class AsyncSQLPlumbing:
     def _failure(self, what: str, exc: BaseException) -> IdempotencyError:
         return translate(self.name, self.table_prefix, what, exc)
 
-    async def _acquire(self, what: str) -> Any:
+    async def _acquire(self, what: str) -> Wire:
         """An idle autocommit connection (``_connections.Connections``), translated errors."""
         try:
             return await self._conns.acquire()
         except self._errors as exc:
             raise self._failure(what, exc) from exc
 
-    def _release(self, conn: Any) -> None:
-        self._conns.release(conn)
+    def _release(self, wire: Wire) -> None:
+        self._conns.release(wire)
 
-    async def _run(self, what: str, fn: Callable[[Any], Awaitable[_T]]) -> _T:
-        """``await fn(conn)`` on an idle autocommit connection, under the deadline; driver
-        errors translated (a missing schema → ConfigurationError, the rest → STORE_UNAVAILABLE)."""
-        conn = await self._acquire(what)
-        timeout = self._socket_timeout
-        deadline = None if timeout is None else _Deadline(conn, timeout)
+    async def _run(
+        self, what: str, fn: Callable[..., Awaitable[_T]], *args: Any
+    ) -> _T:
+        """``await fn(wire, *args)`` on an idle autocommit connection, under the deadline;
+        driver errors translated (a missing schema → ConfigurationError, the rest →
+        STORE_UNAVAILABLE)."""
+        wire = await self._acquire(what)
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.start(wire)
         try:
-            result = await fn(conn)
+            result = await fn(wire, *args)
         except self._errors as exc:
-            if isinstance(exc, self._lost_types) or (deadline is not None and deadline.fired):
-                await self._discard(conn, lost=True)
+            if isinstance(exc, self._lost_types) or wire.fired:
+                await self._discard(wire, lost=True)
             else:  # e.g. a missing table: the autocommit connection is idle and reusable
-                self._release(conn)
+                self._release(wire)
             raise self._failure(what, exc) from exc
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
-            await self._discard(conn, lost=False)
+            await self._discard(wire, lost=False)
             raise
         finally:
-            if deadline is not None:
-                deadline.handle.cancel()
-        if deadline is not None and deadline.fired:  # answered just as the deadline broke it
-            await self._discard(conn, lost=False)
+            if watchdog is not None:
+                watchdog.stop(wire)
+        if wire.fired:  # answered just as the deadline broke it
+            await self._discard(wire, lost=False)
         else:
-            self._release(conn)
+            self._release(wire)
         return result
 
-    async def _discard(self, conn: Any, *, lost: bool) -> None:
+    async def _discard(self, wire: Wire, *, lost: bool) -> None:
         """Close a connection whose state is unknown; on a lost one (the server restarted,
         the link died) replace every idle connection too, since they died with it."""
-        await self._conns.discard(conn)
+        await self._conns.discard(wire)
         if lost:
             await self._conns.drain()
 
     async def _rowcount(self, what: str, sql: str, params: Mapping[str, Any]) -> int:
-        async def run(conn: psycopg.AsyncConnection[Any]) -> int:
-            cur = await conn.execute(sql, params)
-            return int(cur.rowcount)
-
-        return await self._run(what, run)
+        return await self._run(what, rowcount, sql, params)
 
     async def _one(self, what: str, sql: str, params: Mapping[str, Any]) -> Any:
-        async def run(conn: psycopg.AsyncConnection[Any]) -> Any:
-            return await one(conn, sql, params)
-
-        return await self._run(what, run)
+        return await self._run(what, one, sql, params)
 
     async def _all(self, what: str, sql: str, params: Mapping[str, Any] | None) -> list[Any]:
-        async def run(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
-            cur = await conn.execute(sql, params)
-            return await cur.fetchall()
-
-        return await self._run(what, run)
+        return await self._run(what, rows, sql, params)
 
     # -- schema (a one-off admin call, on a worker thread) --------------------------------
     async def create_schema(self) -> None:
@@ -247,6 +247,8 @@ class AsyncSQLPlumbing:
 
     async def close(self) -> None:
         """Close the pool (its connections and tasks); the next call opens a new one."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._pool is not None:
             await self._conns.close()
         self._conns = Connections(self._get_pool, self._pool_size, self._connect_timeout)
@@ -255,8 +257,15 @@ class AsyncSQLPlumbing:
             await pool.close()
 
 
-async def one(conn: Any, sql: str, params: Mapping[str, Any]) -> Any:
+async def one(wire: Wire, sql: str, params: Mapping[str, Any]) -> Any:
     """First row or None."""
-    cur = await conn.execute(sql, params)
-    rows = await cur.fetchall()
-    return rows[0] if rows else None
+    found = wire.rows(await wire.execute(sql, params))
+    return found[0] if found else None
+
+
+async def rows(wire: Wire, sql: str, params: Mapping[str, Any] | None) -> list[Any]:
+    return wire.rows(await wire.execute(sql, params))
+
+
+async def rowcount(wire: Wire, sql: str, params: Mapping[str, Any]) -> int:
+    return int((await wire.execute(sql, params)).command_tuples or 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..._core.errors import StoreUnavailableError
 from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
@@ -11,6 +11,9 @@ from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..sql import _statements as q
 from ._plumbing import one
 from ._transaction import AsyncSQLTransactions
+
+if TYPE_CHECKING:
+    from ._wire import Wire
 
 #: How often ``create`` re-runs its statement when a concurrent insert was not yet visible.
 _CREATE_ATTEMPTS: Final = 50
@@ -25,17 +28,17 @@ class AsyncSQLStore(AsyncSQLTransactions):
         self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
         params = q.claim_params(scope, request_hash, now, lease_expires_at)
-        return await self._run("create", lambda conn: self._create(conn, scope, params))
+        return await self._run("create", self._create, scope, params)
 
-    async def _create(self, conn: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult:
+    async def _create(self, wire: Wire, scope: Scope, p: Mapping[str, Any]) -> CreateResult:
         ops = self._ops
         for _ in range(_CREATE_ATTEMPTS):
-            row = await one(conn, ops._claim_sql, p)
+            row = await one(wire, ops._claim_sql, p)
             if row is not None and not row[0]:
                 duplicate = q.live_duplicate(scope, row[1:], p["now"])
                 if duplicate is not None:
                     return duplicate
-                row = await one(conn, ops._create_sql, p)  # expired: replace it atomically
+                row = await one(wire, ops._create_sql, p)  # expired: replace it atomically
                 if row is not None and not row[0]:
                     duplicate = q.live_duplicate(scope, row[1:], p["now"])
                     if duplicate is not None:
@@ -51,19 +54,19 @@ class AsyncSQLStore(AsyncSQLTransactions):
         if not claims:
             return []
 
-        async def run(conn: Any) -> list[CreateResult]:
+        async def run(wire: Wire) -> list[CreateResult]:
             params = q.scope_arrays([c.scope for c in claims])
             params.update(hashes=[c.request_hash for c in claims], now=now, lease=lease_expires_at)
-            cur = await conn.execute(self._ops._create_many_sql, params)
+            rows = wire.rows(await wire.execute(self._ops._create_many_sql, params))
             results: list[CreateResult] = []
-            for claim, row in zip(claims, await cur.fetchall(), strict=True):
-                results.append(await self._batch_claim(conn, claim, row, now, lease_expires_at))
+            for claim, row in zip(claims, rows, strict=True):
+                results.append(await self._batch_claim(wire, claim, row, now, lease_expires_at))
             return results
 
         return await self._run("create_many", run)
 
     async def _batch_claim(
-        self, conn: Any, claim: ClaimRequest, row: Sequence[Any], now: float, lease: float
+        self, wire: Wire, claim: ClaimRequest, row: Sequence[Any], now: float, lease: float
     ) -> CreateResult:
         if row[1]:
             record = StoredRecord.claimed(claim.scope, claim.request_hash, int(row[2]), now, lease)
@@ -72,7 +75,7 @@ class AsyncSQLStore(AsyncSQLTransactions):
         if found is not None:
             return found
         params = q.claim_params(claim.scope, claim.request_hash, now, lease)
-        return await self._create(conn, claim.scope, params)
+        return await self._create(wire, claim.scope, params)
 
     async def get(self, scope: Scope) -> StoredRecord | None:
         row = await self._one("get", self._common.get, q.scope_params(scope))
@@ -189,11 +192,10 @@ class AsyncSQLStore(AsyncSQLTransactions):
     async def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int:
         p = {"now": now, "before": counters_before, "limit": limit}
 
-        async def run(conn: Any) -> int:
-            cur = await conn.execute(self._ops._delete_records_sql, p)
-            purged = int(cur.rowcount)
-            await conn.execute(self._ops._delete_counters_sql, p)
-            return purged
+        async def run(wire: Wire) -> int:
+            done = await wire.execute(self._ops._delete_records_sql, p)
+            await wire.execute(self._ops._delete_counters_sql, p)
+            return int(done.command_tuples or 0)
 
         return await self._run("delete_expired", run)
 

@@ -72,7 +72,9 @@ class AsyncSQLTransactions(AsyncSQLPlumbing):
     async def body_transaction(self) -> AsyncIterator[AsyncSQLBodyTransaction]:
         """A connection with a transaction begun; rolled back unless committed; the
         connection always goes back to the pool (closed if its state is unknown)."""
-        conn = await self._acquire("body_transaction")
+        wire = await self._acquire("body_transaction")
+        wire.detach()  # psycopg's own waits drive this connection until it is released
+        conn = wire.conn
         tx = AsyncSQLBodyTransaction(self, conn)
         intact = False
         try:
@@ -83,9 +85,9 @@ class AsyncSQLTransactions(AsyncSQLPlumbing):
             intact = True
         finally:
             if intact:
-                self._release(conn)
+                self._release(wire)  # registered with the loop again
             else:
-                await self._discard(conn, lost=False)
+                await self._discard(wire, lost=False)
 
     async def _guarded(self, what: str, conn: Any, step: Awaitable[_T]) -> _T:
         """One of the library's statements in a body transaction: under the deadline, its
