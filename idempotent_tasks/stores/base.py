@@ -247,7 +247,8 @@ class Store(HotPathStore, BatchStore, MaintenanceStore, AdminStore, Protocol):
 
 
 class BodyTransaction(Protocol):
-    """One open database transaction for an ``execute_in_transaction`` body (§2b)."""
+    """One open database transaction for an ``execute_in_transaction`` body
+    (docs/transactional.md)."""
 
     #: What the body receives: a SQLAlchemy ``Connection`` inside the open transaction.
     connection: Any
@@ -271,7 +272,8 @@ class BodyTransaction(Protocol):
 
 @runtime_checkable
 class TransactionalStore(Store, Protocol):
-    """A store whose records live in a SQL database the body can write to (§2b)."""
+    """A store whose records live in a SQL database the body can write to
+    (docs/transactional.md)."""
 
     def body_transaction(self) -> AbstractContextManager[BodyTransaction]:
         """Open a connection and begin a transaction; on exit without ``commit`` it rolls

@@ -1,7 +1,7 @@
 """SQLStore beyond the shared contract: schema, configuration, failure modes against a real
 PostgreSQL (the session's private cluster, stopped and restarted mid-test), SQLite shared by
-several OS processes, and the §2b body transaction.  Races are forced with barriers and
-events, never with sleeps."""
+several OS processes, and the transactional mode's body transaction (docs/transactional.md).
+Races are forced with barriers and events, never with sleeps."""
 
 from __future__ import annotations
 
@@ -824,7 +824,7 @@ def test_a_store_inherited_across_fork_keeps_working_in_both(sql_store: SQLStore
     assert claim(sql_store, Scope("t", "fork", "again"))
 
 
-# -- §2b body transactions ------------------------------------------------------------------------
+# -- body transactions (docs/transactional.md) ------------------------------------------------------------------------
 @pytest.fixture
 def ledger(sql_store: SQLStore) -> Iterator[sa.Table]:
     """The body's own table, under the test's prefix; dropped afterwards like the store's."""

@@ -1,5 +1,6 @@
 """SQLStore's plumbing: construction, running a statement on a raw connection with its
-errors translated, and SQLAlchemy transactions (schema changes, §2b body transactions)."""
+errors translated, and SQLAlchemy transactions (schema changes, the transactional mode's
+body transactions)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ _T = TypeVar("_T")
 
 
 class SQLBodyTransaction:
-    """The §2b transaction: the body's writes and the conditional SUCCESS commit together."""
+    """The transactional mode's transaction: the body's writes and the conditional SUCCESS
+    commit together."""
 
     def __init__(
         self,

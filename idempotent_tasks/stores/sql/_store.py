@@ -276,7 +276,7 @@ class SQLStore(SQLPlumbing):
         if self._owns_engine:
             self._engine.dispose()
 
-    # -- §2b ----------------------------------------------------------------------------------
+    # -- body transactions (docs/transactional.md) ------------------------------------------
     @contextlib.contextmanager
     def body_transaction(self) -> Iterator[BodyTransaction]:
         """A connection with a transaction begun (on SQLite holding the write lock from the
