@@ -6,8 +6,12 @@ before the tests run (``.ci/run``), so a missing one means the run proves nothin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -40,3 +44,22 @@ def require(service: str) -> None:
     if IN_CI:
         pytest.fail(message + " (CI=true: service-backed tests never skip)")
     pytest.skip(message)
+
+
+def rabbitmqctl(*args: str, timeout: float = 120) -> str:
+    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                          check=True, timeout=timeout).stdout
+
+
+@contextlib.contextmanager
+def private_vhost(label: str) -> Iterator[str]:
+    """An AMQP URL on a RabbitMQ vhost of our own (``it_<label>_<hex>``), deleted with its
+    queues afterwards: tests never touch a vhost they did not create."""
+    require("rabbitmq")
+    name = f"it_{label}_{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    try:
+        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
+    finally:
+        rabbitmqctl("delete_vhost", name)

@@ -3,7 +3,6 @@ JetStream, Redis, and a Tansu (Kafka-protocol) broker spoken to through aiokafka
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -11,7 +10,7 @@ import pytest
 
 from idempotent_tasks import IdempotencyHandler, RedisStore
 
-from .._services import IN_CI, REDIS_URL, reachable, require
+from .._services import IN_CI, REDIS_URL, private_vhost, reachable, require
 from ..consumers.conftest import kafka_bootstrap  # noqa: F401  (the session's Tansu broker)
 from ._kits import ConfluentKit, KafkaKit, Kit, NatsKit, RabbitKit, RedisKit
 
@@ -27,22 +26,11 @@ def require_nats() -> None:
     pytest.skip(message)
 
 
-def rabbitmqctl(*args: str) -> str:
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
-
-
 @pytest.fixture(scope="session")
 def rabbit_vhost_url() -> Iterator[str]:
     """An AMQP URL on a vhost of our own, deleted (with its queues) after the session."""
-    require("rabbitmq")
-    name = f"it_faststream_{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    try:
-        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
-    finally:
-        rabbitmqctl("delete_vhost", name)
+    with private_vhost("faststream") as url:
+        yield url
 
 
 @pytest.fixture(params=BROKERS)

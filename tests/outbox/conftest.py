@@ -4,7 +4,6 @@ and a publisher that records what it is given (for the relay's own bookkeeping).
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 import uuid
@@ -20,7 +19,7 @@ from idempotent_tasks import IdempotencyHandler, SQLStore
 from idempotent_tasks.outbox import Outbox, OutboxRow
 from idempotent_tasks.outbox.publishers import SENT, PublishResult
 from idempotent_tasks.testing import FakeClock
-from tests._services import POSTGRES_URL, require
+from tests._services import POSTGRES_URL, private_vhost, require
 from tests.consumers.conftest import kafka_bootstrap  # noqa: F401  (the session's Tansu)
 
 TENANT = "acme"
@@ -126,22 +125,11 @@ class NoSettle:
         raise StoreUnavailableError("killed before marking")
 
 
-def rabbitmqctl(*args: str) -> str:
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                          check=True, timeout=120).stdout
-
-
 @pytest.fixture(scope="session")
 def rabbit_url() -> Iterator[str]:
     """An AMQP URL on a vhost of the session's own, deleted (with its queues) at the end."""
-    require("rabbitmq")
-    name = f"it_outbox_{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    try:
-        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
-    finally:
-        rabbitmqctl("delete_vhost", name)
+    with private_vhost("outbox") as url:
+        yield url
 
 
 def declare_queue(url: str, name: str | None = None) -> str:

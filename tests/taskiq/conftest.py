@@ -20,28 +20,18 @@ from typing import Any
 
 import pytest
 
-from .._services import REDIS_URL, require
+from .._services import REDIS_URL, private_vhost, require
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("worker_app.py")
 KINDS = ["redis", "rabbit"]
 
 
-def rabbitmqctl(*args: str) -> str:
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
-
-
 @pytest.fixture(scope="session")
 def taskiq_vhost_url() -> Iterator[str]:
-    require("rabbitmq")
-    name = f"it_taskiq_{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    try:
-        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
-    finally:
-        rabbitmqctl("delete_vhost", name)
+    """An AMQP URL on a vhost of our own, deleted (with its queues) after the session."""
+    with private_vhost("taskiq") as url:
+        yield url
 
 
 @dataclass
