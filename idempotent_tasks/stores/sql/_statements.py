@@ -122,6 +122,20 @@ def scope_params(scope: Scope) -> dict[str, Any]:
     return {"tenant": scope.tenant, "operation": scope.operation, "key": scope.key}
 
 
+def mark_failed(
+    c: Common, scope: Scope, token: int, now: float, expires_at: float,
+    only_if_lease_expired: bool, response: bytes | None,
+) -> tuple[str, dict[str, Any]]:
+    """The ``mark_failed`` statement and its parameters (the sync and async stores' one)."""
+    p = scope_params(scope)
+    p.update(token=token, now=now, expires_at=expires_at)
+    if response is None:
+        return (c.mark_failed_expired if only_if_lease_expired else c.mark_failed), p
+    p["response"] = response
+    kept = c.mark_failed_response
+    return (c.mark_failed_response_expired if only_if_lease_expired else kept), p
+
+
 def scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
     """The scopes as three parallel arrays, for the set-based statements' ``unnest``."""
     return {

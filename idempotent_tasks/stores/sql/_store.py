@@ -106,15 +106,8 @@ class SQLStore(SQLPlumbing):
         only_if_lease_expired: bool = False,
         response: bytes | None = None,
     ) -> bool:
-        p = q.scope_params(scope)
-        p.update(token=token, now=now, expires_at=expires_at)
-        c = self._common
-        if response is None:
-            sql = c.mark_failed_expired if only_if_lease_expired else c.mark_failed
-        else:
-            p["response"] = response
-            kept = c.mark_failed_response
-            sql = c.mark_failed_response_expired if only_if_lease_expired else kept
+        sql, p = q.mark_failed(self._common, scope, token, now, expires_at,
+                               only_if_lease_expired, response)
         return self._rowcount("mark_failed", sql, p) == 1
 
     def release(self, scope: Scope, *, token: int) -> bool:
