@@ -19,10 +19,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from idempotent_tasks import IdempotencyHandler, Outcome
@@ -80,6 +81,21 @@ def drop_async_store(store: Any) -> None:
         loop.run(store.drop_schema())
     finally:
         loop.run(store.close())
+
+
+@contextlib.contextmanager
+def async_store_on_a_loop(kind: str, prefix: str) -> Iterator[tuple[Any, LoopThread]]:
+    """An async store of ``kind`` on a loop thread of its own; dropped, and the loop closed,
+    afterwards."""
+    loop = LoopThread()
+    try:
+        inner = make_async_store(kind, prefix, loop)
+        try:
+            yield inner, loop
+        finally:
+            drop_async_store(inner)
+    finally:
+        loop.close()
 
 
 def loop_of(store: Any) -> LoopThread:

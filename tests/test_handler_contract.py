@@ -33,12 +33,10 @@ from ._async_stores import (
     ASYNC_STORE_KINDS,
     AsyncFaultyStore,
     HandlerFacade,
-    LoopThread,
+    async_store_on_a_loop,
     crash,
-    drop_async_store,
     is_async,
     loop_of,
-    make_async_store,
 )
 from .conftest import STORE_KINDS, drop_store, make_store, unique_prefix
 
@@ -67,15 +65,8 @@ def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
         finally:
             drop_store(s)
         return
-    loop = LoopThread()
-    try:
-        inner = make_async_store(store_kind, unique_prefix("ah"), loop)
-        try:
-            yield inner
-        finally:
-            drop_async_store(inner)
-    finally:
-        loop.close()
+    with async_store_on_a_loop(store_kind, unique_prefix("ah")) as (inner, _):
+        yield inner
 
 
 def make_handler(store: Any, clock: FakeClock, **kw: Any) -> Any:

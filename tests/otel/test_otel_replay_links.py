@@ -18,7 +18,7 @@ from idempotent_tasks import IdempotencyHandler, MemoryCache, MemoryStore
 from idempotent_tasks._core import tracing
 from idempotent_tasks._core.records import Scope, Status
 
-from .._async_stores import ASYNC_STORE_KINDS, LoopThread, drop_async_store, make_async_store
+from .._async_stores import ASYNC_STORE_KINDS, LoopThread, async_store_on_a_loop
 from ..conftest import STORE_KINDS, drop_store, make_store, unique_prefix
 from .conftest import Spans, attributes, link_targets
 
@@ -40,16 +40,9 @@ def store(kind: str, tmp_path: Path) -> Iterator[Any]:
         finally:
             drop_store(s)
         return
-    loop = LoopThread()
-    try:
-        inner = make_async_store(kind, unique_prefix("ot"), loop)
+    with async_store_on_a_loop(kind, unique_prefix("ot")) as (inner, loop):
         inner._test_loop = loop
-        try:
-            yield inner
-        finally:
-            drop_async_store(inner)
-    finally:
-        loop.close()
+        yield inner
 
 
 def deliver(spans: Spans, h: IdempotencyHandler, store: Any, key: str, value: Any) -> Any:

@@ -16,10 +16,8 @@ from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 
 from .._async_stores import (
     ASYNC_STORE_KINDS,
-    LoopThread,
     SyncStore,
-    drop_async_store,
-    make_async_store,
+    async_store_on_a_loop,
 )
 from ..conftest import STORE_KINDS, drop_store, make_store, unique_prefix
 
@@ -39,15 +37,8 @@ def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
         finally:
             drop_store(s)
         return
-    loop = LoopThread()
-    try:
-        inner = make_async_store(store_kind, unique_prefix("ac"), loop)
-        try:
-            yield SyncStore(inner)
-        finally:
-            drop_async_store(inner)
-    finally:
-        loop.close()
+    with async_store_on_a_loop(store_kind, unique_prefix("ac")) as (inner, _):
+        yield SyncStore(inner)
 
 NOW = 1_700_000_000.0
 LEASE = NOW + 30
