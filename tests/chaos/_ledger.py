@@ -1,16 +1,38 @@
 """The ledger (one row per body execution) and the store tables, read by the harness.
 
 Queries tolerate PostgreSQL being restarted under them: a failed query drops the connection
-and answers ``None``; the next one reconnects.
+and answers ``None``; the next one reconnects.  ``must`` (the drain, the verdict) asks again on
+a fresh connection until the server answers: after a restart the suite injected, the first
+query on the old connection always fails, and that is the fault the run survives, not an outage
+of the harness's own.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
+
+#: How long ``must`` keeps asking a database that does not answer (a restart takes < 1 s).
+RECONNECT_SECONDS = 60.0
+
+Rows = list[tuple[Any, ...]]
+
+
+def must_answer(query: Callable[[str, tuple[Any, ...]], Rows | None], sql: str,
+                params: tuple[Any, ...], server: str) -> Rows:
+    """``query`` until it answers (each failure has dropped the connection, so each try
+    reconnects); fails once the database stayed silent for ``RECONNECT_SECONDS``."""
+    deadline = time.monotonic() + RECONNECT_SECONDS
+    while (rows := query(sql, params)) is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{server} did not answer for {RECONNECT_SECONDS:.0f}s: {sql}")
+        time.sleep(0.2)
+    return rows
 
 
 class Database:
@@ -32,11 +54,8 @@ class Database:
                 self.close()
                 return None
 
-    def must(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        rows = self.query(sql, params)
-        if rows is None:
-            raise AssertionError(f"PostgreSQL did not answer: {sql}")
-        return rows
+    def must(self, sql: str, params: tuple[Any, ...] = ()) -> Rows:
+        return must_answer(self.query, sql, params, "PostgreSQL")
 
     def close(self) -> None:
         if self._conn is not None:

@@ -4,7 +4,6 @@ one the runs restart; always left running)."""
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from ._harness import ChaosEnv, make_keys
 from ._integrations import new_run_id
 from ._ledger import Ledger
 from ._profile import current_profile
+from ._seeds import replay_command, resolve, seed_params
 from ._verdict import SUMMARIES, format_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +40,41 @@ def _require_binary(name: str) -> None:
         pytest.skip(message)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that takes ``chaos_seed`` runs on its kept regression seeds and a fresh one
+    (``_seeds.py``)."""
+    if "chaos_seed" in metafunc.fixturenames:
+        metafunc.parametrize("chaos_seed", seed_params(metafunc.function.__name__),
+                             indirect=True, ids=lambda p: f"seed-{p}")
+
+
 @pytest.fixture
-def chaos_env(tmp_path: Path, private_postgres: PrivatePostgres) -> Iterator[ChaosEnv]:
+def chaos_seed(request: pytest.FixtureRequest) -> int:
+    """This run's seed; a failure report names it with the command that replays it."""
+    seed = resolve(request.param)
+    request.node.chaos_seed = seed
+    print(f"chaos seed: CHAOS_SEED={seed}")
+    return seed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "chaos_seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("chaos replay", f"seed {seed}; replay with:\n"
+                                f"  {replay_command(item.nodeid, seed)}"))
+
+
+@pytest.fixture
+def chaos_env(tmp_path: Path, private_postgres: PrivatePostgres, chaos_seed: int
+              ) -> Iterator[ChaosEnv]:
     _require_binary("redis-server")
     pg = private_postgres
     pg.ensure_running()
     profile = current_profile()
-    seed = int(os.environ.get("CHAOS_SEED", random.randrange(1 << 30)))
-    print(f"chaos seed: CHAOS_SEED={seed}")
-    rng = random.Random(seed)
+    rng = random.Random(chaos_seed)
     run_id = new_run_id()
     prefix = f"chaos_{run_id}"
     store = SQLStore(pg.url, table_prefix=prefix)

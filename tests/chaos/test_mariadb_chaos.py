@@ -35,6 +35,7 @@ from ._body import CONFIG_ENV, OPERATIONS, WorkerConfig, make_handler
 from ._faults import PrivateRedis, RabbitVhost, free_port, wait_until
 from ._harness import ChaosEnv, make_keys, run_chaos
 from ._integrations import DramatiqIntegration, new_run_id
+from ._ledger import must_answer
 from ._profile import PROFILE_ENV, Profile
 
 WORKER_ENV = "CHAOS_MARIADB_WORKER"
@@ -141,10 +142,7 @@ class MariaDBLedger:
                 return None
 
     def must(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        rows = self.query(sql, params)
-        if rows is None:
-            raise AssertionError(f"MariaDB did not answer: {sql}")
-        return rows
+        return must_answer(self.query, sql, params, "MariaDB")
 
     def create(self) -> None:
         self.must(f"CREATE TABLE {self.table} (id BIGINT AUTO_INCREMENT PRIMARY KEY, "
@@ -296,14 +294,12 @@ def private_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Privat
 
 @pytest.fixture
 def mariadb_env(tmp_path: Path, private_mariadb: PrivateMariaDB,
-                monkeypatch: pytest.MonkeyPatch) -> Iterator[ChaosEnv]:
+                monkeypatch: pytest.MonkeyPatch, chaos_seed: int) -> Iterator[ChaosEnv]:
     import random
 
     monkeypatch.setenv(WORKER_ENV, "1")
     private_mariadb.ensure_running()
-    seed = int(os.environ.get("CHAOS_SEED", random.randrange(1 << 30)))
-    print(f"chaos seed: CHAOS_SEED={seed}")
-    rng, run_id = random.Random(seed), new_run_id()
+    rng, run_id = random.Random(chaos_seed), new_run_id()
     prefix = f"chaos_{run_id}"
     store = SQLStore(private_mariadb.url, table_prefix=prefix)
     store.create_schema()
