@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import statistics
 import time
@@ -70,7 +71,7 @@ async def _watch_lag() -> None:
 
 
 async def _schema(action: str) -> None:
-    if getattr(STORE, "is_async", False):
+    if inspect.iscoroutinefunction(STORE.create):
         await getattr(STORE, action)()
     else:
         await asyncio.to_thread(getattr(STORE, action))

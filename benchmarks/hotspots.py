@@ -53,24 +53,26 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
         tag = uuid.uuid4().hex[:6]
         handler = make_handler(store)
         now = time.time()
-        claim, mark = store._scripts["claim"], store._scripts["mark_success"]
-        client = store._conn()
+        claim_sha, mark_sha = store._protocol.shas["claim"], store._protocol.shas["mark_success"]
+        client = store._transport.client()
 
         def scripts_by_hand(i: int) -> None:
             k = store._keys(Scope("t", "bench", f"{tag}-raw-{i}"))
             # claim.lua: KEYS record, processing index, the shard's token counter; replies
             # {token} on CREATED (the token as the script formatted it)
             (token,) = client.execute_command(
-                "EVALSHA", claim.sha, 3, k.record, k.processing, k.tokens, now, now + 300,
+                "EVALSHA", claim_sha, 3, k.record, k.processing, k.tokens, now, now + 300,
                 store._gc_ms, k.encoded, HASH,
             )
             client.execute_command(
-                "EVALSHA", mark.sha, 4, k.record, k.counter, k.processing, k.finished, token,
+                "EVALSHA", mark_sha, 4, k.record, k.counter, k.processing, k.finished, token,
                 RESPONSE, now, now + 86400, store._gc_ms,
             )
 
-        pooled = RedisStore(REDIS_URL, prefix=store.prefix)
-        pooled._direct = None  # every call through client.execute_command
+        import redis  # a blocking pool: no held connections, every call through the client
+
+        blocking = redis.BlockingConnectionPool.from_url(REDIS_URL)
+        pooled = RedisStore(redis.Redis(connection_pool=blocking), prefix=store.prefix)
 
         def primitives_on(s: RedisStore, label: str) -> Callable[[int], None]:
             def op(i: int) -> None:
@@ -105,9 +107,9 @@ def pg_replay(n: int) -> dict[str, Any]:
     ):
         handler = make_handler(store)
         handler.execute(_body, operation="bench", tenant="t", key="done", payload=PAYLOAD)
-        call = handler.prepare("bench", "t", "done", PAYLOAD, True)
+        call = handler._engine.prepare("bench", "t", "done", PAYLOAD, True)
         assert call is not None
-        replacing, hot = store._ops._create_sql, store._ops._claim_sql
+        replacing, hot = store._plans.sql.create, store._plans.sql.claim
         conn = psycopg.connect(POSTGRES_DSN, autocommit=True)
         now = time.time()
         params = {"tenant": "t", "operation": "bench", "key": "done",

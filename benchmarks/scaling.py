@@ -163,12 +163,12 @@ def explain(store: Any, now: float) -> dict[str, list[str]]:
     claim = {"tenant": "acme", "operation": "payments.charge", "key": "c4ca4238a0b923820dcc509a6"
              "f75849b-1", "request_hash": "b" * 64, "now": now, "lease": now + 300}
     statements = {
-        "claim (existing key: replay)": (store._ops._claim_sql, claim),
-        "claim (new key: first delivery)": (store._ops._claim_sql, {**claim, "key": "new-key"}),
+        "claim (existing key: replay)": (store._plans.sql.claim, claim),
+        "claim (new key: first delivery)": (store._plans.sql.claim, {**claim, "key": "new-key"}),
         "find_stuck": (store._common.find_stuck, {"now": now, "limit": 100}),
-        "delete_expired (records)": (store._ops._delete_records_sql, {"now": now, "limit": 500}),
+        "delete_expired (records)": (store._plans.sql.delete_records, {"now": now, "limit": 500}),
         "delete_expired (counters)": (
-            store._ops._delete_counters_sql, {"before": now - 86400, "limit": 500}
+            store._plans.sql.delete_counters, {"before": now - 86400, "limit": 500}
         ),
     }
     plans: dict[str, list[str]] = {}

@@ -31,6 +31,7 @@ from ._core.outcome import Outcome, OutcomeKind
 from ._core.records import IdempotencyContext, Record, Status
 from ._core.runner import MaintenanceRunner, MaintenanceSchedule
 from ._core.serialization import JSONSerializer, Serializer
+from ._core.signals import Poison, Release
 from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
@@ -93,11 +94,13 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeNotRecordedError",
+    "Poison",
     "PrometheusMetrics",
     "Record",
     "RecordNotFoundError",
     "RedisCache",
     "RedisStore",
+    "Release",
     "RequestFailedError",
     "RequestInProgressError",
     "ResponseNotSerializableError",

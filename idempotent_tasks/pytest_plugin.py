@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from .stores.base import Store
     from .testing import FakeClock
 
+# StoreContract's rules (idempotent_tasks.testing) are plain asserts in a package module:
+# have pytest rewrite them as it does a test's, so a broken store's failure explains itself.
+# This marks the module's name only; nothing is imported.
+pytest.register_assert_rewrite("idempotent_tasks._store_contract")
+
 STORE_OPTION = "--idempotency-store"
 STORE_INI = "idempotency_store"
 MARKER = "idempotency"

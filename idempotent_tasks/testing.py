@@ -1,6 +1,8 @@
 """Helpers for users' own tests: a controllable clock, a store that fails on demand, a claim
-abandoned as a crashed worker leaves it, a store of its own per test, and the assertions a
-test of an idempotent task makes (``assert_ran_once``, ``records``).
+abandoned as a crashed worker leaves it, a store of its own per test, the assertions a
+test of an idempotent task makes (``assert_ran_once``, ``records``), and ``StoreContract``:
+the store contract as a pytest test class for anyone writing a store (docs/stores.md).  It is
+imported on first use, so that this module needs pytest only for it.
 
 The pytest plugin (``idempotent_tasks.pytest_plugin``, loaded automatically once the package
 is installed) builds its fixtures ``idempotency_store``, ``idempotency_handler`` and
@@ -13,7 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._core.drivers import drive
 from ._core.errors import StoreUnavailableError
@@ -23,6 +25,27 @@ from ._core.outcome import Outcome
 from ._core.records import Record, Status
 from .stores.base import Store
 from .stores.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from ._store_contract import StoreContract
+
+_CONTRACT_MODULE = "idempotent_tasks._store_contract"
+
+
+def __getattr__(name: str) -> Any:
+    """``StoreContract``, imported (with pytest) on first use."""
+    if name != "StoreContract":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import sys
+
+    if _CONTRACT_MODULE not in sys.modules:
+        import pytest
+
+        # The rules are plain asserts in a package module: have pytest explain a failure.
+        pytest.register_assert_rewrite(_CONTRACT_MODULE)
+    contract: type[StoreContract] = importlib.import_module(_CONTRACT_MODULE).StoreContract
+    return contract
 
 
 class FakeClock:
@@ -90,9 +113,10 @@ def simulate_crash(
     PROCESSING with the returned fencing token until its lease expires, and then recovery or
     the next delivery's takeover counts the crashed attempt.  When the scope cannot be
     claimed, the :class:`Outcome` a delivery got instead (a replay or a refusal)."""
-    call = handler.prepare(operation, tenant, key, payload, True, lease_timeout=lease_timeout)
+    engine = handler._engine  # the claim step alone: no public call stops after it
+    call = engine.prepare(operation, tenant, key, payload, True, lease_timeout=lease_timeout)
     assert call is not None
-    claimed = drive(handler, claim_scope(handler, call))
+    claimed = drive(engine, claim_scope(engine, call))
     return claimed if isinstance(claimed, Outcome) else claimed.token
 
 
@@ -184,3 +208,15 @@ def assert_ran_once(
             f"attempt(s): its body ran up to {record.retry_count + 1} times"
         )
     return record
+
+
+__all__ = [
+    "DEFAULT_TEST_STORE",
+    "FakeClock",
+    "FaultyStore",
+    "StoreContract",
+    "assert_ran_once",
+    "isolated_store",
+    "records",
+    "simulate_crash",
+]

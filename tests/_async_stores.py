@@ -1,10 +1,8 @@
 """The async stores in the one contract suite: a loop of their own, and thin adapters.
 
-* ``LoopThread``: an event loop on a background thread; an async store (its pool) lives on
+* ``LoopThread``: an event loop on a background thread (``StoreContract``'s own, which runs
+  the store contract on the async stores the same way); an async store (its pool) lives on
   it for the whole test, and the test's own thread submits coroutines to it.
-* ``SyncStore``: the store-level contract calls store methods synchronously; this adapter
-  runs each of the async store's coroutines on its loop (concurrent calls from the test's
-  threads become concurrent coroutines on that loop, so the race tests still race).
 * ``HandlerFacade``: the handler contract is written against ``handler.execute``; on an
   async store the facade runs every call through the **async** face instead
   (``execute_async``, ``run_many_async``, ``get_record_async``, …) on the store's loop.
@@ -21,55 +19,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from idempotent_tasks import IdempotencyHandler, Outcome
 from idempotent_tasks._core.drivers import drive_async
 from idempotent_tasks._core.errors import StoreUnavailableError
 from idempotent_tasks._core.flow import claim_scope
+from idempotent_tasks._store_contract._face import EventLoopThread
 from idempotent_tasks.testing import simulate_crash
 
 from ._services import POSTGRES_URL, REDIS_URL, require
 
 ASYNC_STORE_KINDS = ["async_postgres", "async_redis"]
-T = TypeVar("T")
+#: An event loop running on its own daemon thread until ``close()``.
+LoopThread = EventLoopThread
 _LOOPS: weakref.WeakKeyDictionary[Any, LoopThread] = weakref.WeakKeyDictionary()
 
 
-class LoopThread:
-    """An event loop running on its own daemon thread until ``close()``."""
+def asyncpg_url(url: str) -> str:
+    """The same server through asyncpg (``postgresql+asyncpg://``)."""
+    return url.replace("postgresql+psycopg://", "postgresql+asyncpg://", 1)
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+def new_async_store(kind: str, prefix: str) -> Any:
+    """An async store of ``kind`` under ``prefix``, not yet used (no loop, no schema)."""
+    if kind in ("async_postgres", "async_postgres_asyncpg"):
+        require("postgres")
+        from idempotent_tasks import AsyncSQLStore
 
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        url = POSTGRES_URL if kind == "async_postgres" else asyncpg_url(POSTGRES_URL)
+        return AsyncSQLStore(url, table_prefix=prefix)
+    if kind == "async_redis":
+        require("redis")
+        from idempotent_tasks import AsyncRedisStore
+
+        return AsyncRedisStore(REDIS_URL, prefix=prefix)
+    raise ValueError(kind)
 
 
 def make_async_store(kind: str, prefix: str, loop: LoopThread) -> Any:
     """A fresh async store of ``kind`` under ``prefix``, its schema created, bound to ``loop``."""
-    if kind == "async_postgres":
-        require("postgres")
-        from idempotent_tasks import AsyncSQLStore
-
-        store: Any = AsyncSQLStore(POSTGRES_URL, table_prefix=prefix)
-    elif kind == "async_redis":
-        require("redis")
-        from idempotent_tasks import AsyncRedisStore
-
-        store = AsyncRedisStore(REDIS_URL, prefix=prefix)
-    else:
-        raise ValueError(kind)
+    store = new_async_store(kind, prefix)
     loop.run(store.create_schema())
     _LOOPS[store] = loop
     return store
@@ -105,33 +97,13 @@ def loop_of(store: Any) -> LoopThread:
 
 
 def is_async(store: Any) -> bool:
-    return bool(getattr(store, "is_async", False))
-
-
-class SyncStore:
-    """The async store's methods as blocking calls (store-level contract only)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self._loop = loop_of(inner)
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.inner, name)
-        if not callable(method):
-            return method
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._loop.run(method(*args, **kwargs))
-
-        return call
+    """An async store: its methods are coroutines (the ``AsyncStore`` Protocol)."""
+    return inspect.iscoroutinefunction(getattr(store, "create", None))
 
 
 class AsyncFaultyStore:
     """``FaultyStore`` for an async store: calls named in ``failing`` raise
     ``StoreUnavailableError``; ``before`` hooks run first (synchronously)."""
-
-    is_async = True
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -211,10 +183,11 @@ def crash(h: Any, **kw: Any) -> int | Outcome:
     if not isinstance(h, HandlerFacade):
         return simulate_crash(h, **kw)
     handler = h.handler
-    call = handler.prepare(
+    call = handler._engine.prepare(
         kw["operation"], kw["tenant"], kw["key"], kw.get("payload"), True,
         lease_timeout=kw.get("lease_timeout"),
     )
     assert call is not None
-    claimed = h.loop.run(drive_async(handler, claim_scope(handler, call)))
+    engine = handler._engine
+    claimed = h.loop.run(drive_async(engine, claim_scope(engine, call)))
     return claimed if isinstance(claimed, Outcome) else claimed.token

@@ -14,7 +14,8 @@ from idempotent_tasks._core.recording import complete
 def claimed(handler: IdempotencyHandler, call: Call | None) -> Claim:
     """Run only the claim of ``call``: the record stays PROCESSING (the "worker" died)."""
     assert call is not None
-    got: Any = drive(handler, claim_scope(handler, call))
+    engine = handler._engine
+    got: Any = drive(engine, claim_scope(engine, call))
     assert not isinstance(got, Outcome), f"the scope was not claimed: {got}"
     return got  # type: ignore[no-any-return]
 
@@ -22,6 +23,7 @@ def claimed(handler: IdempotencyHandler, call: Call | None) -> Claim:
 def completed(handler: IdempotencyHandler, call: Call | None, claim: Claim, value: Any) -> bool:
     """The claiming worker finishes after all: its SUCCESS write (True when recorded)."""
     assert call is not None
-    ctx = body_context(handler, call, claim)
-    outcome = drive(handler, complete(handler, call, claim, ctx, value))
+    engine = handler._engine
+    ctx = body_context(engine, call, claim)
+    outcome = drive(engine, complete(engine, call, claim, ctx, value))
     return outcome.kind == "executed"

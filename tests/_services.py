@@ -12,6 +12,7 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -20,12 +21,17 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_URL = os.environ.get(
     "IDEMPOTENT_TASKS_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+#: PgBouncer in transaction mode in front of POSTGRES_URL's server (``.ci/services.sh``).
+PGBOUNCER_URL = os.environ.get(
+    "IDEMPOTENT_TASKS_TEST_PGBOUNCER", "postgresql+psycopg://postgres@127.0.0.1:6432/test"
+)
 REDIS_URL = os.environ.get("IDEMPOTENT_TASKS_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RABBITMQ_URL = os.environ.get(
     "IDEMPOTENT_TASKS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//"
 )
 
-_PORTS = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672}
+_PORTS = {"postgres": 5432, "redis": 6379, "rabbitmq": 5672,
+          "pgbouncer": urlsplit(PGBOUNCER_URL).port or 6432}
 
 
 def reachable(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,10 @@ from idempotent_tasks.testing import FakeClock
 
 from ._private_postgres import private_postgres  # noqa: F401  (the session's own cluster)
 from ._services import POSTGRES_URL, REDIS_URL, require
+from ._wait import SCALE
+
+#: pytest-timeout's limit for a test without its own marker (pyproject.toml's ``timeout``).
+DEFAULT_TEST_TIMEOUT = 300
 
 STORE_KINDS = ["memory", "sqlite", "postgres", "redis", "mysql", "dynamodb"]
 
@@ -61,6 +66,16 @@ def drop_store(store: Store) -> None:
     store.close()
 
 
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+    """A store-contract rule exported as a plain function (``RULES`` of
+    tests/stores/test_store_contract.py) runs where a suite imports it, not in the module
+    that exports it: there the ``StoreContract`` subclasses run every rule."""
+    home = getattr(obj, "contract_rule_of", None)
+    if home is not None and isinstance(collector, pytest.Module) and collector.obj.__name__ == home:
+        return []
+    return None
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
@@ -79,3 +94,14 @@ def store(store_kind: str, tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """pytest-timeout's limits scale with the test budget (``tests/_wait.py``), like every
+    deadline inside the tests: a loaded machine gets proportionally more time."""
+    if SCALE == 1:
+        return
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = marker.args[0] if marker is not None and marker.args else DEFAULT_TEST_TIMEOUT
+        item.add_marker(pytest.mark.timeout(float(seconds) * SCALE), append=False)

@@ -420,8 +420,8 @@ def test_a_blocking_cache_runs_on_the_executor_an_in_process_one_inline() -> Non
 
     asyncio.run(main(BlockingCache()))
     assert where and all(n.startswith(THREAD_NAME_PREFIX) for n in where)
-    assert IdempotencyHandler(MemoryStore(), cache=MemoryCache()).cache_mode == "inline"
-    assert IdempotencyHandler(MemoryStore(), cache=BlockingCache()).cache_mode == "offload"
+    assert IdempotencyHandler(MemoryStore(), cache=MemoryCache())._engine.cache_mode == "inline"
+    assert IdempotencyHandler(MemoryStore(), cache=BlockingCache())._engine.cache_mode == "offload"
 
 
 # -- the ASGI middleware on the native path -----------------------------------------------------

@@ -436,7 +436,7 @@ def test_heartbeat_keeps_long_body_alive(store: Store, clock: FakeClock) -> None
     for _ in range(2):  # the second beat surely read the clock after the advance
         beats.clear()
         assert beats.wait(5)  # so a renewal at now=+25 happened …
-    scope = h.prepare("payments.charge", "acme", "k1", {"amount": 100}, True).scope
+    scope = h._engine.prepare("payments.charge", "acme", "k1", {"amount": 100}, True).scope
     rec = loop_of(store).run(store.get(scope)) if is_async(store) else store.get(scope)
     assert rec is not None and rec.lease_expires_at is not None
     clock.advance(10)  # … so at +35 the lease is still live
@@ -626,7 +626,7 @@ def test_run_many_answers_each_item_on_its_own(store: Store, clock: FakeClock) -
         return 1
 
     outcomes = h.run_many(_calls("ok", "bad", "stale"), body, batch_completion=True)
-    assert [o.kind for o in outcomes] == ["executed", "poisoned", "executed"]
+    assert [o.kind for o in outcomes] == ["executed", "poisoned", "superseded"]
     assert outcomes[0].result == 1
     assert outcomes[1].error_code is ErrorCode.RESPONSE_NOT_SERIALIZABLE
     assert outcomes[2].result == 3  # a stale owner gets its body's result back, writes nothing

@@ -301,7 +301,7 @@ def test_concurrent_recovery_handles_each_stuck_record_once(
     owner = make_handler(store, clock)
     scopes = [Scope(TENANT, OP, f"stuck-{i}") for i in range(n)]
     for s in scopes:  # n workers claimed and died inside their bodies
-        call = owner.prepare(OP, TENANT, s.key, {"amount": 100}, True)
+        call = owner._engine.prepare(OP, TENANT, s.key, {"amount": 100}, True)
         assert call is not None and claimed(owner, call)
     clock.advance(LEASE + 1)
 

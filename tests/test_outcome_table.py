@@ -15,7 +15,7 @@ from idempotent_tasks import IdempotencyHandler, MemoryStore, Outcome
 from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
 KINDS = ["executed", "replayed", "in_progress", "failed", "poisoned", "rejected",
-         "store_unavailable"]
+         "store_unavailable", "superseded"]
 
 
 class Transient(Exception):
@@ -29,7 +29,9 @@ class Permanent(Exception):
 def produce(kind: str, operation: str = "table.op") -> tuple[Outcome, Any]:
     """A real outcome of ``kind`` from ``handler.run``, and what the body would return."""
     store = FaultyStore(MemoryStore())
-    handler = IdempotencyHandler(store, metrics=None, clock=FakeClock())  # type: ignore[arg-type]
+    clock = FakeClock()
+    handler = IdempotencyHandler(store, metrics=None, clock=clock,  # type: ignore[arg-type]
+                                 lease_timeout=10)
     key = uuid.uuid4().hex
     body: Callable[[], Any] = lambda: {"n": 1}  # noqa: E731
     tenant: str | None = "acme"
@@ -45,10 +47,24 @@ def produce(kind: str, operation: str = "table.op") -> tuple[Outcome, Any]:
         tenant = None
     elif kind == "store_unavailable":
         store.fail("create")
+    elif kind == "superseded":
+        body = _paused_past_the_lease(handler, clock, operation, key)
     outcome = handler.run(body, operation=operation, tenant=tenant, key=key,
                           permanent=(Permanent,))
     assert outcome.kind == kind, outcome
     return outcome, handler
+
+
+def _paused_past_the_lease(handler: IdempotencyHandler, clock: FakeClock, operation: str,
+                           key: str) -> Callable[[], Any]:
+    """A body frozen past its lease while another attempt takes the scope over: its own
+    completion is then fenced off (the forced lease loss)."""
+    def body() -> Any:
+        clock.advance(11)
+        simulate_crash(handler, operation=operation, tenant="acme", key=key)
+        return {"n": 1}
+
+    return body
 
 
 def _raise(exc: Exception) -> Callable[[], Any]:
@@ -67,6 +83,7 @@ LOOP_ROWS = {  # kind: (settled, dead_letter, retry)
     "poisoned": (True, True, False),
     "rejected": (True, True, False),
     "store_unavailable": (False, False, True),
+    "superseded": (False, False, True),
 }
 
 
@@ -103,7 +120,7 @@ def test_celery_row(kind: str) -> None:
     try:
         if kind in ("executed", "replayed"):
             assert apply(delivery, outcome) == {"n": 1}
-        elif kind in ("in_progress", "failed", "store_unavailable"):
+        elif kind in ("in_progress", "failed", "store_unavailable", "superseded"):
             with pytest.raises(Retry):  # retried with backoff (counted only when "failed")
                 apply(delivery, outcome)
         else:
@@ -136,7 +153,8 @@ def test_celery_stale_owner_comes_back_instead_of_acking() -> None:
         return "mine"
 
     outcome = handler.run(paused, operation="table.stale", tenant="acme", key=key)
-    assert (outcome.kind, outcome.lease_lost, outcome.result) == ("executed", True, "mine")
+    assert (outcome.kind, outcome.lease_lost, outcome.result) == ("superseded", True, "mine")
+    assert not outcome.settled and outcome.retry and outcome.unwrap() == "mine"
     app = Celery("stale", broker="memory://", set_as_current=False)
     setup(app, handler, beat=False, default_tenant="acme")
 
@@ -182,7 +200,7 @@ def test_dramatiq_row(kind: str) -> None:
         assert result == {"n": 1}
     elif kind == "replayed":
         assert result == "skipped"
-    elif kind in ("in_progress", "store_unavailable"):
+    elif kind in ("in_progress", "store_unavailable", "superseded"):
         assert isinstance(result, IdempotencyRetry) and decision is _state.Decision.RETRY
     elif kind == "failed":
         assert isinstance(result, Transient) and decision is _state.Decision.RETRY

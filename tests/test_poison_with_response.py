@@ -3,7 +3,9 @@
 * ``Poison(value)``: the scope is FAILED and keeps ``value`` in the record's ``response``;
   every duplicate gets ``kind="poisoned"`` with that value as ``result`` (``unwrap`` still
   raises ``REQUEST_FAILED``).
-* ``Release()``: the scope is released without counting or poisoning.
+* ``Release()``: a counted release, whatever ``permanent=`` says (the counter goes up;
+  ``max_retries`` poisons); ``Release(counted=False)``: released without counting or
+  poisoning.
 
 Plus the store primitive under both: ``mark_failed(..., response=...)``."""
 
@@ -20,11 +22,12 @@ from idempotent_tasks import (
     ErrorCode,
     IdempotencyHandler,
     MemoryCache,
+    Poison,
+    Release,
     RequestFailedError,
     Status,
 )
 from idempotent_tasks._core.records import Scope
-from idempotent_tasks._core.signals import Poison, Release
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock
 
@@ -155,7 +158,7 @@ def test_poison_on_the_async_path(handler: IdempotencyHandler) -> None:
 # ------------------------------------------------------------------------------ Release
 def test_release_frees_the_scope_without_counting(handler: IdempotencyHandler) -> None:
     key = new_key()
-    refused = Body(Release("unauthenticated"))
+    refused = Body(Release("unauthenticated", counted=False))
     for _ in range(5):  # more than max_retries (3): a release never counts
         outcome = run(handler, refused, key)
         assert outcome.kind == "failed" and outcome.ran
@@ -173,6 +176,29 @@ def test_release_is_not_permanent_whatever_permanent_says(handler: IdempotencyHa
     assert handler.get_record(operation=OP, tenant="acme", key=key) is None
 
 
+def test_a_counted_release_counts_and_poisons_at_max_retries(
+    handler: IdempotencyHandler,
+) -> None:
+    """``Release()`` forces the transient decision: counted, poisoned at ``max_retries``."""
+    key = new_key()
+    body = Body(Release("try again later"))
+    kinds = [(o.kind, o.retry_count) for o in (run(handler, body, key) for _ in range(4))]
+    assert kinds == [("failed", 1), ("failed", 2), ("poisoned", 3), ("poisoned", 3)]
+    assert body.calls == 3
+    assert handler.retry_count(operation=OP, tenant="acme", key=key) == 3
+
+
+def test_poison_without_a_result_poisons_whatever_permanent_says(
+    handler: IdempotencyHandler,
+) -> None:
+    key = new_key()
+    first = run(handler, Body(Poison()), key, permanent=lambda exc: False)
+    second = run(handler, Body(), key)
+    assert (first.kind, first.result, second.kind, second.result) == (
+        "poisoned", None, "poisoned", None)
+    assert Poison(result=VALUE).result == VALUE
+
+
 def test_a_stale_release_changes_nothing(handler: IdempotencyHandler, clock: FakeClock) -> None:
     """The first attempt's lease expires while it runs; a second attempt takes the scope
     over and succeeds; then the first one raises Release: its release is refused."""
@@ -182,11 +208,11 @@ def test_a_stale_release_changes_nothing(handler: IdempotencyHandler, clock: Fak
     def stale() -> Any:
         clock.advance(31)  # past lease_timeout: the next delivery takes over
         inner.append(run(handler, Body(), key))
-        raise Release()
+        raise Release(counted=False)
 
     outcome = run(handler, stale, key)
     assert inner[0].kind == "executed"
-    assert outcome.kind == "failed"
+    assert outcome.kind == "superseded" and not outcome.settled
     record = handler.get_record(operation=OP, tenant="acme", key=key)
     assert record is not None and record.status is Status.SUCCESS and record.response == "ok"
 

@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 from ..stores.base import TransactionalStore
 from ..typing import Seconds, seconds
 from . import maintenance
-from .commands import Command, StoreCall
+from . import store_calls as sc
+from .commands import Command
 from .drivers import drive, drive_async
 from .engine import Engine
 from .errors import ConfigurationError
@@ -40,62 +41,68 @@ R = TypeVar("R")
 Flow = Generator[Command, Any, R]
 
 
-class Maintenance(Engine):
-    """Maintenance and operator calls (see the module docstring for the async twins)."""
+class Maintenance:
+    """Maintenance and operator calls (see the module docstring for the async twins), on
+    the handler's engine: the part of the handler's public face that is not running bodies."""
+
+    _engine: Engine
 
     @property
     def supports_transactions(self) -> bool:
         """True when the store can run bodies in its own transaction (``transactional=True``)."""
-        return isinstance(self.store, TransactionalStore)
+        return isinstance(self._engine.store, TransactionalStore)
 
     # ------------------------------------------------------------------ drivers
     def _blocking(self, flow: Flow[R], twin: str) -> R:
-        if self.io.native_async:
+        if self._engine.io.native_async:
             flow.close()
+            name = type(self._engine.store).__name__
             raise ConfigurationError(
-                f"{type(self.store).__name__} is an async store: use `await handler.{twin}(...)`"
+                f"{name} is an async store: use `await handler.{twin}(...)`"
             )
-        return drive(self, flow)
+        return drive(self._engine, flow)
 
     # ------------------------------------------------------------------ maintenance
     def get_record(self, *, operation: str, tenant: str, key: str) -> Record | None:
         """The live record of a scope (an expired one counts as absent), counter included."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return self._blocking(maintenance.get_record(self, scope), "get_record_async")
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return self._blocking(maintenance.get_record(self._engine, scope), "get_record_async")
 
     async def get_record_async(self, *, operation: str, tenant: str, key: str) -> Record | None:
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return await drive_async(self, maintenance.get_record(self, scope))
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return await drive_async(self._engine, maintenance.get_record(self._engine, scope))
 
     def recover_stuck_records(self, timeout: Seconds | None = None, limit: int = 100) -> int:
         """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last
         heartbeat is older than it): count the crashed attempt and release or poison
         (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
-        flow = maintenance.recover(self, _opt_seconds(timeout), limit)
+        flow = maintenance.recover(self._engine, _opt_seconds(timeout), limit)
         return self._blocking(flow, "recover_stuck_records_async")
 
     async def recover_stuck_records_async(
         self, timeout: Seconds | None = None, limit: int = 100
     ) -> int:
-        return await drive_async(self, maintenance.recover(self, _opt_seconds(timeout), limit))
+        flow = maintenance.recover(self._engine, _opt_seconds(timeout), limit)
+        return await drive_async(self._engine, flow)
 
     def cleanup_expired_records(self, limit: int = 500) -> int:
         """Purge expired SUCCESS/FAILED records and stale counters; returns records purged."""
-        return self._blocking(maintenance.cleanup(self, limit), "cleanup_expired_records_async")
+        flow = maintenance.cleanup(self._engine, limit)
+        return self._blocking(flow, "cleanup_expired_records_async")
 
     async def cleanup_expired_records_async(self, limit: int = 500) -> int:
-        return await drive_async(self, maintenance.cleanup(self, limit))
+        return await drive_async(self._engine, maintenance.cleanup(self._engine, limit))
 
     def unpoison(self, *, operation: str, tenant: str, key: str, actor: str = "operator") -> Record:
         """Delete a FAILED record and reset its counter (audited); RECORD_NOT_FOUND if absent."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return self._blocking(maintenance.unpoison(self, scope, actor), "unpoison_async")
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return self._blocking(maintenance.unpoison(self._engine, scope, actor), "unpoison_async")
 
     async def unpoison_async(
         self, *, operation: str, tenant: str, key: str, actor: str = "operator"
     ) -> Record:
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return await drive_async(self, maintenance.unpoison(self, scope, actor))
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return await drive_async(self._engine, maintenance.unpoison(self._engine, scope, actor))
 
     # ------------------------------------------------------------------ operators
     def list_records(
@@ -108,8 +115,7 @@ class Maintenance(Engine):
         offset: int = 0,
     ) -> list[Record]:
         """A page of records (oldest first), each with its counter, for operators."""
-        flow = self._listed("list_records", status=status, operation=operation, tenant=tenant,
-                            limit=limit, offset=offset)
+        flow = self._listed(sc.ListRecords(status, operation, tenant, limit, offset))
         return self._blocking(flow, "list_records_async")
 
     async def list_records_async(
@@ -121,9 +127,8 @@ class Maintenance(Engine):
         limit: int = 100,
         offset: int = 0,
     ) -> list[Record]:
-        flow = self._listed("list_records", status=status, operation=operation, tenant=tenant,
-                            limit=limit, offset=offset)
-        return await drive_async(self, flow)
+        flow = self._listed(sc.ListRecords(status, operation, tenant, limit, offset))
+        return await drive_async(self._engine, flow)
 
     def find_stuck_records(
         self, *, timeout: Seconds | None = None, limit: int = 100
@@ -134,68 +139,68 @@ class Maintenance(Engine):
     async def find_stuck_records_async(
         self, *, timeout: Seconds | None = None, limit: int = 100
     ) -> list[Record]:
-        return await drive_async(self, self._stuck(timeout, limit))
+        return await drive_async(self._engine, self._stuck(timeout, limit))
 
     def _stuck(self, timeout: Seconds | None, limit: int) -> Flow[list[Record]]:
-        now = self.clock()
+        now = self._engine.clock()
         before = None if timeout is None else now - seconds(timeout)
-        return self._listed("find_stuck", now=now, heartbeat_before=before, limit=limit)
+        return self._listed(sc.FindStuck(now, before, limit))
 
-    def _listed(self, name: str, **kwargs: Any) -> Flow[list[Record]]:
-        rows: list[StoredRecord] = yield StoreCall(name, (), kwargs)
+    def _listed(self, command: sc.ListRecords | sc.FindStuck) -> Flow[list[Record]]:
+        rows: list[StoredRecord] = yield command
         records = []
         for row in rows:
-            count = yield StoreCall("get_retry_count", (row.scope,), {})
-            records.append(self.to_record(row, count))
+            count = yield sc.GetRetryCount(row.scope)
+            records.append(self._engine.to_record(row, count))
         return records
 
     def record_counts(self) -> Mapping[tuple[str, Status], int]:
         """Counts of records by (operation, status)."""
         counts: Mapping[tuple[str, Status], int] = self._blocking(
-            _one("stats"), "record_counts_async"
+            _one(sc.Stats()), "record_counts_async"
         )
         return counts
 
     async def record_counts_async(self) -> Mapping[tuple[str, Status], int]:
-        counts: Mapping[tuple[str, Status], int] = await drive_async(self, _one("stats"))
+        counts: Mapping[tuple[str, Status], int] = await drive_async(self._engine, _one(sc.Stats()))
         return counts
 
     def create_schema(self) -> None:
         """Create the store's tables / scripts if missing (``idempotent-tasks migrate``)."""
-        self._blocking(_one("create_schema"), "create_schema_async")
+        self._blocking(_one(sc.CreateSchema()), "create_schema_async")
 
     async def create_schema_async(self) -> None:
-        await drive_async(self, _one("create_schema"))
+        await drive_async(self._engine, _one(sc.CreateSchema()))
 
     def try_lock(self, name: str, *, owner: str, ttl: float) -> bool:
         """A named lease in the store (maintenance jobs): True if ``owner`` holds it now."""
-        flow = _one("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
+        flow = _one(sc.AcquireLock(name, owner, self._engine.clock(), ttl))
         return bool(self._blocking(flow, "try_lock_async"))
 
     async def try_lock_async(self, name: str, *, owner: str, ttl: float) -> bool:
-        flow = _one("acquire_lock", name, owner=owner, now=self.clock(), ttl=ttl)
-        return bool(await drive_async(self, flow))
+        flow = _one(sc.AcquireLock(name, owner, self._engine.clock(), ttl))
+        return bool(await drive_async(self._engine, flow))
 
     def unlock(self, name: str, *, owner: str) -> None:
-        self._blocking(_one("release_lock", name, owner=owner), "unlock_async")
+        self._blocking(_one(sc.ReleaseLock(name, owner)), "unlock_async")
 
     async def unlock_async(self, name: str, *, owner: str) -> None:
-        await drive_async(self, _one("release_lock", name, owner=owner))
+        await drive_async(self._engine, _one(sc.ReleaseLock(name, owner)))
 
     # -- added for the CLI (``inspect``/``unpoison`` of a scope without a record) ----------
     def retry_count(self, *, operation: str, tenant: str, key: str) -> int:
         """The scope's retry counter, which lives apart from its record: a scope released
         after transient failures has no record but keeps the attempts it counted."""
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return int(self._blocking(_one("get_retry_count", scope), "retry_count_async"))
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return int(self._blocking(_one(sc.GetRetryCount(scope)), "retry_count_async"))
 
     async def retry_count_async(self, *, operation: str, tenant: str, key: str) -> int:
-        scope = self.scope(operation=operation, tenant=tenant, key=key)
-        return int(await drive_async(self, _one("get_retry_count", scope)))
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return int(await drive_async(self._engine, _one(sc.GetRetryCount(scope))))
 
 
-def _one(name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
-    return (yield StoreCall(name, args, kwargs))
+def _one(command: sc.StoreCall) -> Flow[Any]:
+    return (yield command)
 
 
 def _opt_seconds(value: Seconds | None) -> float | None:

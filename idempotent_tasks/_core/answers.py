@@ -9,6 +9,13 @@ from .errors import ErrorCode, IdempotencyError
 from .outcome import Outcome, OutcomeKind, refusal_kind
 from .records import IdempotencyContext
 
+#: The code of an outcome whose body ran and that has no error of its own: a poisoned scope,
+#: or a completion fenced off because a newer attempt is in progress.
+_CODE_OF_KIND: dict[str, ErrorCode] = {
+    "poisoned": ErrorCode.REQUEST_FAILED,
+    "superseded": ErrorCode.REQUEST_IN_PROGRESS,
+}
+
 
 def replayed(call: Call, value: Any, token: int | None) -> Outcome:
     s = call.scope
@@ -45,20 +52,25 @@ def finished(
     retry_count: int | None = None,
 ) -> Outcome:
     """The outcome of an attempt whose body ran (its context then says what happened).
-    ``retry_count``, when the write told it, is the counter *after* this attempt: the
-    context gets it; the outcome keeps the counter as of the claim (attempts before this)."""
+    ``retry_count``, when the write told it, is the counter *after* this attempt was counted
+    (a transient failure, the one that poisoned): the outcome and the context carry it;
+    otherwise both keep the claim's count (a takeover's includes the crashed attempt)."""
     ctx.outcome = kind
-    if retry_count is not None:
+    if retry_count is None:
+        retry_count = claim.retry_count
+    else:
         ctx.retry_count = retry_count
     s = call.scope
     error_code = err.code if err is not None else None
-    if kind == "poisoned" and error_code is None:
-        error_code = ErrorCode.REQUEST_FAILED
+    if error_code is None and kind in _CODE_OF_KIND:
+        error_code = _CODE_OF_KIND[kind]
     error = type(exc).__name__ if exc is not None else None
     detail = err.message if err is not None else (f"{error}: {exc}"[:500] if exc else None)
+    if detail is None and kind == "superseded":
+        detail = "a newer attempt took this scope over: its record answers"
     # positional, in Outcome's field order: built for every body that ran
     return Outcome(
-        kind, result, error_code, error, detail, exc, s[0], s[1], s[2], claim.retry_count,
+        kind, result, error_code, error, detail, exc, s[0], s[1], s[2], retry_count,
         claim.token, call.request_hash, True, err, ctx,
     )
 

@@ -21,13 +21,14 @@ from ..stores.base import ClaimRequest, SuccessWrite
 from ..typing import Permanent
 from . import tracing
 from .answers import not_recorded, refused
-from .commands import Command, RunBody, StoreCall
+from .commands import Command, RunBody
 from .engine import Call, Claim, Engine
 from .errors import IdempotencyError
 from .flow import body_context, claim_scope, decide_io, lease_of, run_owned, unkeyed
 from .outcome import Outcome
 from .recording import body_failed, recorded, succeeded, unstorable, write_outcome
 from .records import IdempotencyContext, Scope
+from .store_calls import CreateMany, MarkSuccessMany
 from .transactional import (
     execute_in_transaction,
     run_owned_in_transaction,
@@ -148,9 +149,7 @@ def _claim_many(
     lease = max(c.options.lease_timeout for c in calls)
     requests = [ClaimRequest(c.scope, c.request_hash) for c in calls]
     try:
-        results = yield StoreCall(
-            "create_many", (requests,), {"now": now, "lease_expires_at": now + lease}
-        )
+        results = yield CreateMany(requests, now, now + lease)
     except IdempotencyError as err:
         return [refused(call, err) for call in calls]
     decided: list[Claim | Outcome | None] = []
@@ -251,8 +250,7 @@ def _write_successes(
         return
     try:
         written = yield from write_outcome(
-            engine, writes[0][0].call, "mark_success_many", {"now": now},
-            args=([w for _, w, _ in writes],),
+            engine, writes[0][0].call, MarkSuccessMany([w for _, w, _ in writes], now)
         )
     except IdempotencyError as err:  # OUTCOME_NOT_RECORDED: the whole write failed
         for r, _, _ in writes:

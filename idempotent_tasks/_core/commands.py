@@ -17,16 +17,43 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .context import CURRENT_CONTEXT
 from .heartbeat import Lease
 from .records import IdempotencyContext, LazyCountContext
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..caches.base import Cache
+    from ..stores.base import Store
+    from .heartbeat import AsyncHeartbeat, HeartbeatThread
+    from .instrumented import InstrumentedStore
+    from .offload import Offloader
+
+
+class Runtime(Protocol):
+    """What a command runs on: the engine's runtime services (the engine satisfies it; the
+    commands need nothing else of it)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def cache(self) -> Cache | None: ...
+
+    @property
+    def cache_mode(self) -> str: ...
+
+    @property
+    def io(self) -> InstrumentedStore: ...
+
+    @property
+    def offloader(self) -> Offloader: ...
+
+    @property
+    def heartbeat(self) -> HeartbeatThread | AsyncHeartbeat | None: ...
 
 
 class Command:
@@ -34,29 +61,12 @@ class Command:
 
     __slots__ = ()
 
-    def sync(self, engine: Engine) -> Any:
+    def sync(self, engine: Runtime) -> Any:
         raise NotImplementedError
 
-    async def run_async(self, engine: Engine) -> Any:
+    async def run_async(self, engine: Runtime) -> Any:
         """By default, ``sync`` on the handler's executor (never on the loop's thread)."""
         return await engine.offloader.run(self.sync, engine)
-
-
-class StoreCall(Command):
-    """``store.<name>(*args, **kwargs)`` through the instrumented wrapper."""
-
-    __slots__ = ("args", "kwargs", "name")
-
-    def __init__(self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        self.name = name
-        self.args = args
-        self.kwargs = kwargs
-
-    def sync(self, engine: Engine) -> Any:
-        return engine.io.call(self.name, self.args, self.kwargs)
-
-    async def run_async(self, engine: Engine) -> Any:
-        return await engine.io.call_async(self.name, self.args, self.kwargs)
 
 
 class Sleep(Command):
@@ -67,10 +77,10 @@ class Sleep(Command):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def sync(self, engine: Engine) -> None:
+    def sync(self, engine: Runtime) -> None:
         time.sleep(self.seconds)
 
-    async def run_async(self, engine: Engine) -> None:
+    async def run_async(self, engine: Runtime) -> None:
         await asyncio.sleep(self.seconds)
 
 
@@ -80,11 +90,11 @@ class CacheGet(Command):
     def __init__(self, key: str) -> None:
         self.key = key
 
-    def sync(self, engine: Engine) -> bytes | None:
+    def sync(self, engine: Runtime) -> bytes | None:
         assert engine.cache is not None
         return engine.cache.get(self.key)
 
-    async def run_async(self, engine: Engine) -> bytes | None:
+    async def run_async(self, engine: Runtime) -> bytes | None:
         mode = engine.cache_mode
         if mode == "inline":
             return self.sync(engine)
@@ -102,11 +112,11 @@ class CachePut(Command):
         self.value = value
         self.ttl = ttl
 
-    def sync(self, engine: Engine) -> None:
+    def sync(self, engine: Runtime) -> None:
         assert engine.cache is not None
         engine.cache.set(self.key, self.value, self.ttl)
 
-    async def run_async(self, engine: Engine) -> None:
+    async def run_async(self, engine: Runtime) -> None:
         mode = engine.cache_mode
         if mode == "inline":
             self.sync(engine)
@@ -133,7 +143,7 @@ class RunBody(Command):
         self.context = context
         self.lease = lease
 
-    def sync(self, engine: Engine) -> Any:
+    def sync(self, engine: Runtime) -> Any:
         if self.context is None:
             return self.fn(*self.args)
         reset = CURRENT_CONTEXT.set(self.context)
@@ -147,7 +157,7 @@ class RunBody(Command):
             if ident is not None:
                 heartbeat.unregister(ident)  # type: ignore[union-attr]
 
-    async def run_async(self, engine: Engine) -> Any:
+    async def run_async(self, engine: Runtime) -> Any:
         context = self.context
         if context is None:
             return await self.fn(*self.args)
@@ -171,11 +181,11 @@ class TxBegin(Command):
 
     __slots__ = ()
 
-    def sync(self, engine: Engine) -> tuple[AbstractContextManager[Any], Any]:
+    def sync(self, engine: Runtime) -> tuple[AbstractContextManager[Any], Any]:
         cm = engine.store.body_transaction()  # type: ignore[attr-defined]
         return cm, cm.__enter__()
 
-    async def run_async(self, engine: Engine) -> tuple[Any, Any]:
+    async def run_async(self, engine: Runtime) -> tuple[Any, Any]:
         if not engine.io.native_async:
             return await engine.offloader.run(self.sync, engine)
         cm = engine.store.body_transaction()  # type: ignore[attr-defined]
@@ -194,10 +204,10 @@ class TxCall(Command):
         self.args = args
         self.kwargs = kwargs
 
-    def sync(self, engine: Engine) -> Any:
+    def sync(self, engine: Runtime) -> Any:
         return getattr(self.tx, self.name)(*self.args, **self.kwargs)
 
-    async def run_async(self, engine: Engine) -> Any:
+    async def run_async(self, engine: Runtime) -> Any:
         if not engine.io.native_async:
             return await engine.offloader.run(self.sync, engine)
         result = self.sync(engine)  # an async transaction's methods are coroutines
@@ -214,14 +224,14 @@ class TxEnd(Command):
         self.cm = cm
         self.error = error
 
-    def sync(self, engine: Engine) -> None:
+    def sync(self, engine: Runtime) -> None:
         exc = self.error
         if exc is None:
             self.cm.__exit__(None, None, None)
         else:
             self.cm.__exit__(type(exc), exc, exc.__traceback__)
 
-    async def run_async(self, engine: Engine) -> None:
+    async def run_async(self, engine: Runtime) -> None:
         if not engine.io.native_async:
             await engine.offloader.run(self.sync, engine)
             return
@@ -238,8 +248,8 @@ __all__ = [
     "CachePut",
     "Command",
     "RunBody",
+    "Runtime",
     "Sleep",
-    "StoreCall",
     "TxBegin",
     "TxCall",
     "TxEnd",

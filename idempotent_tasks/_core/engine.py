@@ -1,8 +1,10 @@
-"""The engine's settings and its pure steps: validation, hashing, encoding, options.
+"""The engine: the settings, the pure steps of the algorithm (validation, hashing,
+encoding, options) and the runtime services the flows run on (the instrumented store, the
+thread-hop executor, the heartbeat, and the counter reads and lease renewals those two make).
 
-Nothing here performs I/O.  The algorithm that uses these steps is in :mod:`.flow` (written
-once, as generators that yield store commands); :mod:`.drivers` runs it synchronously or on
-an event loop.  :class:`~idempotent_tasks.IdempotencyHandler` is the public face.
+The algorithm itself is in :mod:`.flow` (written once, as generators that yield store
+commands); :mod:`.drivers` runs it synchronously or on an event loop.
+:class:`~idempotent_tasks.IdempotencyHandler` is the public face, composed around one engine.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .metrics import Metrics, NoMetrics, default_metrics
 from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS, Offloader
 from .records import Record, Scope, StoredRecord
 from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
+from .store_calls import GetRetryCount, Heartbeat
 from .tracing import unwrap
 from .validation import validate_key, validate_operation, validate_tenant
 
@@ -70,7 +73,8 @@ class Claim:
 
 
 class Engine:
-    """Settings shared by every run, and the steps of the algorithm that need no I/O."""
+    """Settings shared by every run, the steps of the algorithm that need no I/O, and the
+    runtime services (see the module docstring)."""
 
     def __init__(
         self,
@@ -284,7 +288,7 @@ class Engine:
         """The scope's counter for a body that asks (``current_context().retry_count``);
         0 when the store cannot say (logged and counted by the wrapper)."""
         try:
-            count: int = self.io.call("get_retry_count", (scope,), {})
+            count: int = self.io.call(GetRetryCount(scope))
         except IdempotencyError:
             return 0
         return count
@@ -293,7 +297,7 @@ class Engine:
         """``read_count`` from a coroutine: awaited on an async store, on the executor on a
         sync one — never a blocking call on the loop's thread."""
         try:
-            count: int = await self.io.call_async("get_retry_count", (scope,), {})
+            count: int = await self.io.call_async(GetRetryCount(scope))
         except IdempotencyError:
             return 0
         return count
@@ -314,13 +318,13 @@ class Engine:
         future = asyncio.run_coroutine_threadsafe(self.read_count_async(scope), loop)
         return future.result()
 
-    def _renew_params(self, lease: Lease) -> dict[str, Any]:
+    def _renew_call(self, lease: Lease) -> Heartbeat:
         now = self.clock()
-        return {"token": lease.token, "now": now, "lease_expires_at": now + lease.lease_timeout}
+        return Heartbeat(lease.scope, lease.token, now, now + lease.lease_timeout)
 
     def _renew(self, lease: Lease) -> bool:
         try:
-            ok: bool = self.io.call("heartbeat", (lease.scope,), self._renew_params(lease))
+            ok: bool = self.io.call(self._renew_call(lease))
         except IdempotencyError:
             return True  # keep trying; the lease decides if the store stays away
         if not ok:
@@ -329,9 +333,7 @@ class Engine:
 
     async def _renew_async(self, lease: Lease) -> bool:
         try:
-            ok: bool = await self.io.call_async(
-                "heartbeat", (lease.scope,), self._renew_params(lease)
-            )
+            ok: bool = await self.io.call_async(self._renew_call(lease))
         except IdempotencyError:
             return True
         if not ok:
@@ -354,9 +356,7 @@ def _cache_mode(cache: Any) -> Literal["inline", "async", "offload"]:
     """How the async path may call ``cache`` without blocking the event loop."""
     if cache is None or getattr(cache, "is_async", False):
         return "async"
-    from ..caches.memory import MemoryCache
-
-    if isinstance(cache, MemoryCache) or getattr(cache, "in_process", False):
+    if getattr(cache, "in_process", False):  # e.g. MemoryCache: never blocks
         return "inline"
     return "offload"
 

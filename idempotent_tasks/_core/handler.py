@@ -5,36 +5,158 @@ raise for an expected one; ``execute`` / ``execute_async`` / ``execute_in_transa
 ``run(...).unwrap()``.  Every integration calls these (and the maintenance and operator
 methods of :class:`~.admin.Maintenance`) and nothing else: the algorithm lives in one place.
 
-With an async store (``is_async``) ``run_async`` / ``execute_async`` / ``run_many_async``
-await every store call on the running loop (no thread hop); the sync calls refuse with
-``CONFIGURATION_ERROR`` naming the call to use.  With a sync store they run its calls on the
-handler's bounded executor (``async_executor_threads``, :mod:`.offload`).
+With an async store (an ``AsyncStore``: its methods are coroutines) ``run_async`` /
+``execute_async`` / ``run_many_async`` await every store call on the running loop (no thread
+hop); the sync calls refuse with ``CONFIGURATION_ERROR`` naming the call to use.  With a sync
+store they run its calls on the handler's bounded executor (``async_executor_threads``,
+:mod:`.offload`).
 """
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from ..stores.base import TransactionalStore
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnStuck, Options, Permanent, Seconds
 from . import tracing
 from .admin import Maintenance
-from .batch import Entry, Mode, execute_many
+from .batch import Mode, execute_many
+from .calls import batch_entry, build_flow, transactional_refusal
 from .commands import Command
 from .drivers import drive, drive_async
-from .errors import ConfigurationError, IdempotencyError
-from .flow import execute, unkeyed
-from .outcome import Outcome, refusal_kind
+from .engine import (
+    DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_OUTCOME_RETRY_TIMEOUT,
+    DEFAULT_TTL,
+    Engine,
+)
+from .errors import ConfigurationError
+from .logging import Logger
+from .metrics import Metrics
+from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS
+from .outcome import Outcome
+from .serialization import Serializer
 from .tracing import API as _OTEL
-from .transactional import execute_in_transaction, unkeyed_in_transaction
 
 T = TypeVar("T")
 Flow = Generator[Command, Any, Outcome]
 
 
 class IdempotencyHandler(Maintenance):
-    """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm)."""
+    """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm).
+
+    The handler composes its parts: an :class:`~.engine.Engine` (the settings, the pure
+    steps of the algorithm and the runtime services: the instrumented store, the executor
+    of the thread-hop path, the heartbeat) that the flows run on, and the maintenance and
+    operator calls of :class:`~.admin.Maintenance`.  Its public surface is the documented
+    list (docs/design.md, "The handler's public face"): running bodies, maintenance and
+    operator calls, ``close``, and the read-only ``logger``, ``clock``, ``metrics`` and
+    settings attributes.  The engine's steps are not part of it.
+    """
+
+
+    def __init__(
+        self,
+        store: Any,
+        cache: Any = None,
+        *,
+        ttl: Seconds = DEFAULT_TTL,
+        lease_timeout: Seconds = DEFAULT_LEASE_TIMEOUT,
+        heartbeat_interval: Seconds | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        on_stuck: OnStuck = "retry",
+        logger: Logger | None = None,
+        metrics: Metrics | Literal["auto"] | None = "auto",
+        clock: Callable[[], float] = time.time,
+        serializer: Serializer | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        outcome_retry_timeout: Seconds = DEFAULT_OUTCOME_RETRY_TIMEOUT,
+        async_executor_threads: int = DEFAULT_ASYNC_EXECUTOR_THREADS,
+    ) -> None:
+        self._engine = Engine(
+            store, cache, ttl=ttl, lease_timeout=lease_timeout,
+            heartbeat_interval=heartbeat_interval, max_retries=max_retries, on_stuck=on_stuck,
+            logger=logger, metrics=metrics, clock=clock, serializer=serializer,
+            max_payload_bytes=max_payload_bytes, max_response_bytes=max_response_bytes,
+            outcome_retry_timeout=outcome_retry_timeout,
+            async_executor_threads=async_executor_threads,
+        )
+
+    # ------------------------------------------------------------------ documented attributes
+    @property
+    def logger(self) -> Logger:
+        """The structlog-style logger every decision is logged with."""
+        return self._engine.log
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock every stored timestamp comes from (epoch seconds)."""
+        return self._engine.clock
+
+    @property
+    def metrics(self) -> Metrics:
+        """The metrics sink (``NoMetrics`` when disabled)."""
+        return self._engine.metrics
+
+    @property
+    def defaults(self) -> Options:
+        """The handler's default per-operation options (``ttl``, ``lease_timeout``, …)."""
+        return self._engine.defaults
+
+    @property
+    def heartbeat_interval(self) -> float | None:
+        """Seconds between lease renewals while a body runs; ``None``: no heartbeat."""
+        return self._engine.heartbeat_interval
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._engine.max_payload_bytes
+
+    @property
+    def max_response_bytes(self) -> int:
+        return self._engine.max_response_bytes
+
+    def register_operation(
+        self,
+        operation: str,
+        *,
+        ttl: Seconds | None = None,
+        lease_timeout: Seconds | None = None,
+        max_retries: int | None = None,
+        on_stuck: OnStuck | None = None,
+    ) -> Options:
+        """Per-operation defaults (a task's or actor's options): call site > these > the
+        handler's."""
+        self._engine.register_operation(
+            operation, ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries,
+            on_stuck=on_stuck,
+        )
+        return self._engine.options_for(operation)
+
+    def options_for(self, operation: str) -> Options:
+        """The options in force for ``operation`` (registered, else the handler's)."""
+        return self._engine.options_for(operation)
+
+    def close(self) -> None:
+        """Stop the heartbeat and let the executor's threads end (the store stays open: it
+        belongs to the caller)."""
+        self._engine.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """The engine's steps, reachable for one release with a ``DeprecationWarning``."""
+        if name in _DEPRECATED:
+            warnings.warn(
+                f"IdempotencyHandler.{name} is an internal engine step and will be removed; "
+                f"{_DEPRECATED[name]}", DeprecationWarning, stacklevel=2,
+            )
+            return getattr(self._engine, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ running bodies
     def run(
@@ -55,14 +177,14 @@ class IdempotencyHandler(Maintenance):
     ) -> Outcome:
         """Run ``fn()`` (``fn(conn)`` with ``transactional=True``) at most once per scope;
         the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
-        flow = self._flow(
+        flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
-            return flow if isinstance(flow, Outcome) else drive(self, flow)
-        return tracing.run(tracer, operation, _driven, self, flow)
+            return flow if isinstance(flow, Outcome) else drive(self._engine, flow)
+        return tracing.run(tracer, operation, _driven, self._engine, flow)
 
     async def run_async(
         self,
@@ -84,14 +206,14 @@ class IdempotencyHandler(Maintenance):
         calls are awaited on an async store (no thread hop) and run on the handler's bounded
         executor on a sync one.  ``transactional=True`` needs an ``AsyncSQLStore``: ``afn``
         then gets the transaction's ``psycopg.AsyncConnection``."""
-        flow = self._flow(
+        flow = build_flow(self._engine,
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
-            return flow if isinstance(flow, Outcome) else await drive_async(self, flow)
-        return await tracing.run_async(tracer, operation, _driven_async, self, flow)
+            return flow if isinstance(flow, Outcome) else await drive_async(self._engine, flow)
+        return await tracing.run_async(tracer, operation, _driven_async, self._engine, flow)
 
     def run_many(
         self,
@@ -114,7 +236,7 @@ class IdempotencyHandler(Maintenance):
         between a body and that write re-runs the body once its lease expires, so the
         at-least-once window of plain bodies grows from one call to one batch."""
         flow = self._batch(calls, fn, permanent, transactional, batch_completion, False)
-        return drive(self, flow)
+        return drive(self._engine, flow)
 
     async def run_many_async(
         self,
@@ -128,7 +250,7 @@ class IdempotencyHandler(Maintenance):
         """``run_many`` for a coroutine body ``afn(call)`` (``afn(call, conn)`` with
         ``transactional=True``, on an ``AsyncSQLStore``); the same one claim round trip."""
         flow = self._batch(calls, afn, permanent, transactional, batch_completion, True)
-        return await drive_async(self, flow)
+        return await drive_async(self._engine, flow)
 
     def _batch(
         self,
@@ -144,12 +266,12 @@ class IdempotencyHandler(Maintenance):
                 "batch_completion=True cannot be combined with transactional=True: each "
                 "success commits with its own body's transaction"
             )
-        refusal = self._transactional_refusal(transactional, on_loop, "run_many_async")
-        entries = [self._entry(item, refusal) for item in calls]
+        refusal = transactional_refusal(self._engine, transactional, on_loop, "run_many_async")
+        entries = [batch_entry(self._engine, item, refusal) for item in calls]
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         spans = None if tracer is None else tracing.BatchSpans(tracer, calls)
         return execute_many(
-            self, entries, fn, Mode(permanent, transactional, batch_completion, spans)
+            self._engine, entries, fn, Mode(permanent, transactional, batch_completion, spans)
         )
 
     def execute(
@@ -169,15 +291,15 @@ class IdempotencyHandler(Maintenance):
     ) -> T:
         """Run ``fn`` at most once per scope; replay, refuse or wait otherwise.  Raises the
         ``IdempotencyError`` of a refusal, or the body's own exception."""
-        flow = self._flow(
+        flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
-            outcome = flow if isinstance(flow, Outcome) else drive(self, flow)
+            outcome = flow if isinstance(flow, Outcome) else drive(self._engine, flow)
         else:
-            outcome = tracing.run(tracer, operation, _driven, self, flow)
+            outcome = tracing.run(tracer, operation, _driven, self._engine, flow)
         result: T = outcome.unwrap()
         return result
 
@@ -228,103 +350,28 @@ class IdempotencyHandler(Maintenance):
         ).unwrap()
         return result
 
-    # ------------------------------------------------------------------ building a flow
-    def _flow(
-        self,
-        fn: Callable[..., Any],
-        operation: str,
-        tenant: str | None,
-        key: str | None,
-        payload: Any,
-        permanent: Permanent,
-        transactional: bool,
-        require_key: bool,
-        ttl: Seconds | None,
-        lease_timeout: Seconds | None,
-        max_retries: int | None,
-        on_stuck: OnStuck | None,
-        on_loop: bool,
-    ) -> Flow | Outcome:
-        """The flow for one call, or the outcome its input earns without any I/O."""
-        try:
-            call = self.prepare(
-                operation, tenant, key, payload, require_key, ttl, lease_timeout, max_retries,
-                on_stuck,
-            )
-            if transactional or self.io.native_async:
-                refusal = self._transactional_refusal(transactional, on_loop)
-                if refusal is not None:
-                    raise refusal
-        except IdempotencyError as err:
-            return _rejected(err, operation, tenant, key)
-        if transactional:
-            if call is None:
-                return unkeyed_in_transaction(self, operation, fn, permanent)
-            return execute_in_transaction(self, call, fn, permanent)
-        if call is None:
-            return unkeyed(self, operation, fn, permanent)
-        return execute(self, call, fn, permanent)
 
-    def _transactional_refusal(
-        self, transactional: bool, on_loop: bool, twin: str = "run_async"
-    ) -> IdempotencyError | None:
-        """CONFIGURATION_ERROR for a call this store cannot honour (checked before I/O)."""
-        store = self.store
-        if self.io.native_async and not on_loop:
-            calls = (
-                "`await handler.run_async(...)` or `await handler.execute_async(...)`"
-                if twin == "run_async" else f"`await handler.{twin}(...)`"
-            )
-            return ConfigurationError(f"{type(store).__name__} is an async store: use {calls}")
-        if transactional and not isinstance(store, TransactionalStore):
-            return ConfigurationError(
-                f"transactional bodies need a SQL store; {type(store).__name__} cannot share a "
-                "transaction with the body"
-            )
-        if transactional and on_loop and not self.io.native_async:
-            return ConfigurationError(
-                "transactional coroutine bodies need an async SQL store; use "
-                "handler.execute_in_transaction(...) with a synchronous body"
-            )
-        return None
-
-    def _entry(self, item: Mapping[str, Any], refusal: IdempotencyError | None) -> Entry | Outcome:
-        operation = item.get("operation")
-        tenant, key = item.get("tenant"), item.get("key")
-        try:
-            if refusal is not None:
-                raise refusal
-            call = self.prepare(
-                operation,  # type: ignore[arg-type]
-                tenant, key, item.get("payload"), item.get("require_key", True),
-                item.get("ttl"), item.get("lease_timeout"), item.get("max_retries"),
-                item.get("on_stuck"),
-            )
-        except IdempotencyError as err:
-            return _rejected(err, operation, tenant, key)
-        return Entry(item, call.scope.operation if call else str(operation), call)
+#: Engine steps and internals that were public attributes of the handler before 0.2: each
+#: still answers, with a DeprecationWarning that says what to use instead.
+_DEPRECATED: dict[str, str] = {
+    **dict.fromkeys(
+        ("prepare", "hash_payload", "encode_response", "decode", "decode_kept", "to_record",
+         "expired", "debug", "lease_lost", "unkeyed", "read_count", "read_count_async",
+         "read_count_from", "scope", "io", "cache", "cache_mode", "offloader", "heartbeat",
+         "serializer", "outcome_retry_timeout"),
+        "use run/run_async/execute and Outcome instead",
+    ),
+    "log": "use handler.logger",
+    "store": "keep your own reference to the store you passed in",
+}
 
 
-def _driven(engine: IdempotencyHandler, flow: Flow | Outcome) -> Outcome:
+def _driven(engine: Engine, flow: Flow | Outcome) -> Outcome:
     return flow if isinstance(flow, Outcome) else drive(engine, flow)
 
 
-async def _driven_async(engine: IdempotencyHandler, flow: Flow | Outcome) -> Outcome:
+async def _driven_async(engine: Engine, flow: Flow | Outcome) -> Outcome:
     return flow if isinstance(flow, Outcome) else await drive_async(engine, flow)
-
-
-def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:
-    """Input refused before any I/O: nothing ran."""
-    return Outcome(
-        refusal_kind(err.code, ran=False), error_code=err.code, detail=err.message,
-        tenant=_text(err.tenant if err.tenant is not None else tenant),
-        operation=_text(err.operation if err.operation is not None else operation),
-        key=_text(err.key if err.key is not None else key), refusal=err,
-    )
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 __all__ = ["IdempotencyHandler"]

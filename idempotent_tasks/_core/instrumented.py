@@ -8,9 +8,10 @@ unchanged: it is not an outage, and retrying cannot fix it.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from .errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from .logging import Logger
@@ -18,11 +19,30 @@ from .metrics import Metrics, NoMetrics
 from .records import Scope
 
 
+class StoreOperation(Protocol):
+    """One typed store operation (:mod:`.store_calls`): what this wrapper needs of it."""
+
+    @property
+    def name(self) -> str:
+        """The store method's name: the metrics' and logs' ``call`` label."""
+        ...
+
+    @property
+    def subject(self) -> Scope | None:
+        """The scope the call is about (maintenance calls have none)."""
+        ...
+
+    def invoke(self, store: Any) -> Any:
+        """Call the store method: its result, or an awaitable on an async store."""
+        ...
+
+
 class InstrumentedStore:
-    """``call(name, args, kwargs)`` runs ``store.<name>(*args, **kwargs)`` under the rules above."""
+    """``call(command)`` runs one typed store operation (:mod:`.store_calls`) under the rules
+    above."""
 
     __slots__ = (
-        "_latency", "_log", "_methods", "_metrics", "name", "native_async", "offload", "store",
+        "_latency", "_log", "_metrics", "name", "native_async", "offload", "store",
     )
 
     def __init__(
@@ -40,66 +60,58 @@ class InstrumentedStore:
         self._latency: Callable[[str, str, float], None] | None = (
             None if isinstance(metrics, NoMetrics) else metrics.store_latency
         )
-        self._methods: dict[str, Callable[..., Any]] = {}
-        #: True for a store whose methods are coroutines (no thread hop on the async path).
-        self.native_async: bool = bool(getattr(store, "is_async", False))
+        #: True for an :class:`~idempotent_tasks.stores.AsyncStore` (its methods are
+        #: coroutines): awaited on the loop, no thread hop on the async path.
+        self.native_async: bool = inspect.iscoroutinefunction(getattr(store, "create", None))
         #: How ``call_async`` runs a sync store's call: ``await offload(fn, *args)`` on the
         #: handler's bounded executor (:mod:`.offload`).
         self.offload = offload
 
-    def method(self, name: str) -> Callable[..., Any]:
-        fn = self._methods.get(name)
-        if fn is None:
-            fn = self._methods[name] = getattr(self.store, name)
-        return fn
-
-    def call(self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        fn = self._methods.get(name) or self.method(name)
+    def call(self, command: StoreOperation) -> Any:
+        """Run ``command`` on a sync store."""
         latency = self._latency
         if latency is None:
             try:
-                return fn(*args, **kwargs)
+                return command.invoke(self.store)
             except Exception as exc:
-                raise self.translate(name, args, exc) from _cause(exc)
+                raise self.translate(command, exc) from _cause(exc)
         started = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            return command.invoke(self.store)
         except Exception as exc:
-            raise self.translate(name, args, exc) from _cause(exc)
+            raise self.translate(command, exc) from _cause(exc)
         finally:
-            latency(self.name, name, time.perf_counter() - started)
+            latency(self.name, command.name, time.perf_counter() - started)
 
-    async def call_async(
-        self, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> Any:
+    async def call_async(self, command: StoreOperation) -> Any:
         """``call`` on an event loop: awaited on an async store (no thread hop), else run on
         the handler's bounded executor."""
         if not self.native_async:
             offload = self.offload
             if offload is None:
                 raise ConfigurationError("this store wrapper has no executor for sync calls")
-            return await offload(self.call, name, args, kwargs)
-        fn = self._methods.get(name) or self.method(name)
+            return await offload(self.call, command)
         latency = self._latency
         if latency is None:
             try:
-                return await fn(*args, **kwargs)
+                return await command.invoke(self.store)
             except Exception as exc:
-                raise self.translate(name, args, exc) from _cause(exc)
+                raise self.translate(command, exc) from _cause(exc)
         started = time.perf_counter()
         try:
-            return await fn(*args, **kwargs)
+            return await command.invoke(self.store)
         except Exception as exc:
-            raise self.translate(name, args, exc) from _cause(exc)
+            raise self.translate(command, exc) from _cause(exc)
         finally:
-            latency(self.name, name, time.perf_counter() - started)
+            latency(self.name, command.name, time.perf_counter() - started)
 
-    def translate(self, name: str, args: tuple[Any, ...], exc: Exception) -> IdempotencyError:
+    def translate(self, command: StoreOperation, exc: Exception) -> IdempotencyError:
         """Log and count a failed call; the error the algorithm sees."""
+        name, fields = command.name, _scope_fields(command.subject)
         if isinstance(exc, ConfigurationError):
             self._log.error(
                 "store_misconfigured", call=name, store=self.name, error=exc.message,
-                **_scope_fields(args),
+                **fields,
             )
             return exc
         if isinstance(exc, IdempotencyError) and not isinstance(exc, StoreUnavailableError):
@@ -108,12 +120,10 @@ class InstrumentedStore:
         if isinstance(exc, StoreUnavailableError):
             self._log.error(
                 "store_unavailable", call=name, store=self.name, error=exc.message,
-                **_scope_fields(args),
+                **fields,
             )
             return exc
-        self._log.error(
-            "store_error", call=name, store=self.name, error=repr(exc), **_scope_fields(args)
-        )
+        self._log.error("store_error", call=name, store=self.name, error=repr(exc), **fields)
         return StoreUnavailableError(f"store call {name} failed: {exc!r}")
 
 
@@ -124,12 +134,11 @@ def _cause(exc: Exception) -> BaseException | None:
     return exc
 
 
-def _scope_fields(args: tuple[Any, ...]) -> dict[str, str]:
+def _scope_fields(s: Scope | None) -> dict[str, str]:
     """The scope of a store call, for its error log line (maintenance calls have none)."""
-    if args and isinstance(args[0], Scope):
-        s = args[0]
-        return {"tenant": s.tenant, "operation": s.operation, "key": s.key, "status": "UNKNOWN"}
-    return {}
+    if s is None:
+        return {}
+    return {"tenant": s.tenant, "operation": s.operation, "key": s.key, "status": "UNKNOWN"}
 
 
 __all__ = ["InstrumentedStore"]

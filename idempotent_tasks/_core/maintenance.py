@@ -11,10 +11,20 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from .commands import Command, StoreCall
+from .commands import Command
 from .engine import Engine
 from .errors import ErrorCode, make_error
 from .records import Record, Scope, Status, StoredRecord
+from .store_calls import (
+    DeleteExpired,
+    DeleteRecord,
+    FindStuck,
+    Get,
+    GetRetryCount,
+    MarkFailed,
+    RecordFailure,
+    ResetRetryCount,
+)
 
 Step = Generator[Command, Any, Any]
 
@@ -25,9 +35,7 @@ def recover(engine: Engine, timeout: float | None, limit: int) -> Generator[Comm
     (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
     now = engine.clock()
     heartbeat_before = None if timeout is None else now - timeout
-    stuck = yield StoreCall(
-        "find_stuck", (), {"now": now, "heartbeat_before": heartbeat_before, "limit": limit}
-    )
+    stuck = yield FindStuck(now, heartbeat_before, limit)
     handled = 0
     for record in stuck:
         if (yield from _recover_one(engine, record, now)):
@@ -43,20 +51,14 @@ def _recover_one(engine: Engine, record: StoredRecord, now: float) -> Step:
     opts = engine.options_for(s.operation)
     fields = {"tenant": s.tenant, "operation": s.operation, "key": s.key}
     if opts.on_stuck == "fail":
-        ok = yield StoreCall(
-            "mark_failed", (s,),
-            {"token": record.fencing_token, "now": now, "expires_at": now + opts.ttl,
-             "only_if_lease_expired": True},
-        )
+        ok = yield MarkFailed(s, record.fencing_token, now, now + opts.ttl,
+                              only_if_lease_expired=True)
         if ok:
             engine.metrics.poisoned(s.operation)
             engine.log.warning("recovered_poisoned", status="FAILED", **fields)
         return bool(ok)
-    result = yield StoreCall(
-        "record_failure", (s,),
-        {"token": record.fencing_token, "now": now, "max_retries": opts.max_retries,
-         "expires_at": now + opts.ttl, "only_if_lease_expired": True},
-    )
+    result = yield RecordFailure(s, record.fencing_token, now, opts.max_retries,
+                                 now + opts.ttl, only_if_lease_expired=True)
     if result is None:
         return False
     if result.poisoned:
@@ -71,10 +73,7 @@ def _recover_one(engine: Engine, record: StoredRecord, now: float) -> Step:
 def cleanup(engine: Engine, limit: int) -> Generator[Command, Any, int]:
     """Purge expired SUCCESS/FAILED records and stale counters; returns records purged."""
     now = engine.clock()
-    purged = yield StoreCall(
-        "delete_expired", (),
-        {"now": now, "counters_before": now - engine.defaults.ttl, "limit": limit},
-    )
+    purged = yield DeleteExpired(now, now - engine.defaults.ttl, limit)
     if purged:
         engine.metrics.cleaned(purged)
     engine.log.info("cleanup_run", purged=purged, status="EXPIRED")
@@ -83,23 +82,23 @@ def cleanup(engine: Engine, limit: int) -> Generator[Command, Any, int]:
 
 def get_record(engine: Engine, scope: Scope) -> Generator[Command, Any, Record | None]:
     """The live record of a scope (an expired one counts as absent), counter included."""
-    stored = yield StoreCall("get", (scope,), {})
+    stored = yield Get(scope)
     if stored is None or engine.expired(stored, engine.clock()):
         return None
-    count = yield StoreCall("get_retry_count", (scope,), {})
+    count = yield GetRetryCount(scope)
     return engine.to_record(stored, count)
 
 
 def unpoison(engine: Engine, scope: Scope, actor: str) -> Generator[Command, Any, Record]:
     """Delete a FAILED record and reset its counter (audited); RECORD_NOT_FOUND if absent."""
-    count = yield StoreCall("get_retry_count", (scope,), {})
-    deleted = yield StoreCall("delete_record", (scope,), {"status": Status.FAILED})
+    count = yield GetRetryCount(scope)
+    deleted = yield DeleteRecord(scope, Status.FAILED)
     if deleted is None:
         raise make_error(
             ErrorCode.RECORD_NOT_FOUND, "no FAILED record for this scope",
             tenant=scope.tenant, operation=scope.operation, key=scope.key,
         )
-    yield StoreCall("reset_retry_count", (scope,), {})
+    yield ResetRetryCount(scope)
     old = engine.to_record(deleted, count)
     engine.log.warning(
         "unpoisoned", actor=actor, tenant=scope.tenant, operation=scope.operation, key=scope.key,

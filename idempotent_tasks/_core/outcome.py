@@ -18,7 +18,16 @@ rejected             bad input (key, tenant, payload), key reuse, or a configura
                      nothing ran
 store_unavailable    the store could not be reached (the body did not run), or the body ran
                      and its outcome could not be written (``OUTCOME_NOT_RECORDED``)
+superseded           the body ran, but its outcome was fenced off: a newer attempt owns the
+                     scope (this one's lease expired and was taken over), so nothing of it
+                     was recorded.  Not settled: redeliver later, the newer attempt's record
+                     answers (every integration treats it like ``in_progress``)
 ===================  =====================================================================
+
+``retry_count``: for ``failed`` and ``poisoned`` outcomes of an attempt that ran, the scope's
+counter *after* this attempt was counted; for a ``poisoned`` duplicate, the counter the record
+has; otherwise the count as the claim saw it (0 for a fresh claim; a takeover's includes the
+crashed attempt it took over).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ OutcomeKind = Literal[
     "poisoned",
     "rejected",
     "store_unavailable",
+    "superseded",
 ]
 
 #: The message is done: commit / ack it (after dead-lettering when asked).
@@ -44,7 +54,9 @@ SETTLED_KINDS: frozenset[str] = frozenset({"executed", "replayed", "poisoned", "
 #: The message goes to the dead letters before it is committed / acked.
 DEAD_LETTER_KINDS: frozenset[str] = frozenset({"poisoned", "rejected"})
 #: The message is *not* committed / acked: the same message is tried again later.
-RETRY_KINDS: frozenset[str] = frozenset({"in_progress", "failed", "store_unavailable"})
+RETRY_KINDS: frozenset[str] = frozenset(
+    {"in_progress", "failed", "store_unavailable", "superseded"}
+)
 
 #: The kinds whose outcome carries a result.
 _RESULT_KINDS: frozenset[str] = frozenset({"executed", "replayed"})
@@ -75,10 +87,10 @@ class Outcome:
     ``error_code`` is the library's code for every kind but ``executed`` / ``replayed``
     (a transient body failure has none: its ``error`` names the exception class).
     ``exception`` is the body's own exception object, when the body raised.  ``detail`` is a
-    sentence for logs and dead-letter headers.  ``retry_count`` is the attempts counted before
-    this one, as the claim saw them (0 for a fresh claim, whose counter is not read; the
-    body's context reads it on demand and is updated after a failure); ``fencing_token`` the
-    token of the attempt that ran (for a replay: of the execution replayed).
+    sentence for logs and dead-letter headers.  ``retry_count`` is as the module docstring
+    says (the counter after a counted attempt; the claim's count otherwise);
+    ``fencing_token`` the token of the attempt that ran (for a replay: of the execution
+    replayed).
     """
 
     kind: OutcomeKind
@@ -100,13 +112,34 @@ class Outcome:
     refusal: IdempotencyError | None = field(default=None, repr=False, compare=False)
     #: The context the body saw (``current_context()``), or ``None`` when no body ran.
     body_context: IdempotencyContext | None = field(default=None, repr=False, compare=False)
-    #: True for a stale owner: its body ran, but another attempt took the scope over before
-    #: its outcome was written, so nothing of it was recorded (``lease_lost``).  Its result
-    #: is its own; a queue integration should not ack this delivery as the scope's answer.
-    lease_lost: bool = field(default=False, compare=False)
     #: For a replay: the W3C ``traceparent`` of the execution whose result it returns, when
     #: that execution was traced (OpenTelemetry); its span links to it.
     replayed_from: str | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def refused(
+        cls,
+        error: IdempotencyError,
+        *,
+        operation: str | None = None,
+        tenant: str | None = None,
+        key: str | None = None,
+    ) -> Outcome:
+        """The outcome of a call refused before the engine ran anything (a key, tenant or
+        payload an integration could not read, two key headers…): the kind its code means
+        (``rejected`` for bad input), the error kept for ``unwrap``.  The scope defaults to
+        the error's own."""
+        return cls(
+            refusal_kind(error.code, ran=False), error_code=error.code, detail=error.message,
+            tenant=tenant if tenant is not None else error.tenant,
+            operation=operation if operation is not None else error.operation,
+            key=key if key is not None else error.key, refusal=error,
+        )
+
+    @property
+    def lease_lost(self) -> bool:
+        """True for a stale owner (``superseded``): kept for code written before that kind."""
+        return self.kind == "superseded"
 
     @property
     def settled(self) -> bool:
@@ -139,8 +172,8 @@ class Outcome:
     def unwrap(self) -> Any:
         """The result (executed, replayed), or raise: the library's ``IdempotencyError`` for a
         refusal, else the body's own exception — exactly what ``execute`` does."""
-        if self.kind in _RESULT_KINDS:
-            return self.result
+        if self.kind in _RESULT_KINDS or (self.kind == "superseded" and self.exception is None):
+            return self.result  # a stale owner gets its own body's result back
         if self.refusal is None and self.exception is not None:
             raise self.exception
         raise self.error_object()

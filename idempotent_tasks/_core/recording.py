@@ -7,15 +7,17 @@ PROCESSING with our fencing token, so a stale owner never overwrites a newer att
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Generator
 from typing import Any
 
 from ..typing import Permanent
+from . import store_calls as sc
 from . import tracing
 from .answers import finished, not_recorded
 from .caching import cache_put
-from .commands import Command, Sleep, StoreCall
+from .commands import Command, Sleep
 from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError, StoreUnavailableError
 from .outcome import Outcome, OutcomeKind
@@ -38,10 +40,7 @@ def complete(
         return (yield from unstorable(engine, call, claim, ctx, err))
     now = engine.clock()
     stored_form = encoded if _OTEL._TRACER_PROVIDER is None else tracing.stored_form(encoded)
-    command = StoreCall("mark_success", (call.scope,), {
-        "token": claim.token, "response": stored_form, "now": now,
-        "expires_at": now + call.options.ttl,
-    })
+    command = sc.MarkSuccess(call.scope, claim.token, stored_form, now, now + call.options.ttl)
     try:
         stored = yield command
     except StoreUnavailableError as exc:  # the first try inline: no sub-generator on the hot path
@@ -82,9 +81,7 @@ def succeeded(
         adopted = yield from _adopt_success(engine, call, stored_form)
         if not adopted:
             engine.lease_lost(call)
-            stale = finished(call, claim, ctx, "executed", result=engine._loads(encoded))
-            stale.lease_lost = True
-            return stale
+            return finished(call, claim, ctx, "superseded", result=engine._loads(encoded))
     outcome = recorded(engine, call, claim, ctx, encoded)
     if engine.cache is not None:
         yield from cache_put(engine, call, stored_form, now + call.options.ttl)
@@ -100,18 +97,14 @@ def _adopt_success(
     If another attempt holds it (a takeover), we are truly stale: write nothing."""
     now = engine.clock()
     try:
-        claimed = yield from write_outcome(
-            engine, call, "create",
-            {"request_hash": call.request_hash, "now": now,
-             "lease_expires_at": now + call.options.lease_timeout},
-        )
+        claimed = yield from write_outcome(engine, call, sc.Create(
+            call.scope, call.request_hash, now, now + call.options.lease_timeout
+        ))
         if not claimed.created:
             return False
-        stored: bool = yield from write_outcome(
-            engine, call, "mark_success",
-            {"token": claimed.record.fencing_token, "response": stored_form, "now": now,
-             "expires_at": now + call.options.ttl},
-        )
+        stored: bool = yield from write_outcome(engine, call, sc.MarkSuccess(
+            call.scope, claimed.record.fencing_token, stored_form, now, now + call.options.ttl
+        ))
     except IdempotencyError:
         return False  # logged by the wrapper; the lease decides
     if stored:
@@ -139,13 +132,19 @@ def body_failed(
     permanent: Permanent,
 ) -> Flow:
     """The body raised: a permanent error poisons (keeping a :class:`Poison`'s value with
-    the record); :class:`Release` releases without counting; any other (transient) error
+    the record); :class:`Release` is counted like a transient error (``counted=False``:
+    released without counting); any other (transient) error
     is counted and releases the scope, or poisons at ``max_retries``.  A ``BaseException``
     that is not an ``Exception`` is recorded the same way, then propagates."""
     kept = kept_value(engine, call, exc)
     try:
         kind, count = yield from record_failure(engine, call, claim.token, exc, permanent, kept)
-    except IdempotencyError as err:  # OUTCOME_NOT_RECORDED
+    except IdempotencyError as err:  # OUTCOME_NOT_RECORDED, or a schema part missing
+        if err.code is ErrorCode.CONFIGURATION_ERROR:
+            # the failure cannot be recorded (e.g. the counter table is gone): release the
+            # claim, so the next delivery is not refused as in progress for a whole lease
+            with contextlib.suppress(IdempotencyError):
+                yield sc.Release(call.scope, claim.token)
         outcome = not_recorded(call, claim, ctx, err, exc)
     else:
         outcome = finished(
@@ -181,27 +180,24 @@ def record_failure(
     """Write what a failed body means; returns the kind and the counter (``None``: not read).
     Raises OUTCOME_NOT_RECORDED when the store stays away."""
     error = type(exc).__name__
-    if isinstance(exc, Release):
-        yield from release_uncounted(engine, call, token, exc)
-        return "failed", None
+    if isinstance(exc, Release) and not exc.counted:
+        released = yield from release_uncounted(engine, call, token, exc)
+        return ("failed" if released else "superseded"), None
     if is_permanent(exc, permanent):
         engine.metrics.execution(call.scope.operation, "permanent_failure")
-        yield from poison(
+        poisoned = yield from poison(
             engine, call, token, reason="permanent_failure", error=error, cause=exc,
             response=kept,
         )
-        return "poisoned", None
+        return ("poisoned" if poisoned else "superseded"), None
     engine.metrics.execution(call.scope.operation, "transient_failure")
     now = engine.clock()
-    result = yield from write_outcome(
-        engine, call, "record_failure",
-        {"token": token, "now": now, "max_retries": call.options.max_retries,
-         "expires_at": now + call.options.ttl},
-        cause=exc,
-    )
+    result = yield from write_outcome(engine, call, sc.RecordFailure(
+        call.scope, token, now, call.options.max_retries, now + call.options.ttl
+    ), cause=exc)
     if result is None:  # another attempt owns the scope: nothing was counted
         engine.lease_lost(call)
-        return "failed", None
+        return "superseded", None
     if result.poisoned:
         engine.metrics.poisoned(call.scope.operation)
         engine.log.warning(
@@ -218,20 +214,20 @@ def record_failure(
 
 def release_uncounted(
     engine: Engine, call: Call, token: int, exc: Release
-) -> Generator[Command, Any, None]:
+) -> Generator[Command, Any, bool]:
     """A :class:`Release`: delete our PROCESSING record, counter untouched (the attempt
     was not the operation's outcome).  Counted as a transient failure in the metrics (the
-    body ran and the scope is free for a retry), never in the scope's retry counter."""
+    body ran and the scope is free for a retry), never in the scope's retry counter.  False
+    (and ``lease_lost``) when another attempt owns the scope."""
     engine.metrics.execution(call.scope.operation, "transient_failure")
-    released = yield from write_outcome(
-        engine, call, "release", {"token": token}, cause=exc
-    )
+    released = yield from write_outcome(engine, call, sc.Release(call.scope, token), cause=exc)
     if not released:
         engine.lease_lost(call)
-        return
+        return False
     engine.log.info(
         "released_uncounted", status="RELEASED", reason=exc.reason, **call.fields()
     )
+    return True
 
 
 def poison(
@@ -247,10 +243,8 @@ def poison(
     """Mark our attempt FAILED (keeping ``response`` with it when given); False (and
     ``lease_lost``) when another attempt owns it."""
     now = engine.clock()
-    kwargs: dict[str, Any] = {"token": token, "now": now, "expires_at": now + call.options.ttl}
-    if response is not None:  # only then: a store written before ``response=`` still works
-        kwargs["response"] = response
-    ok = yield from write_outcome(engine, call, "mark_failed", kwargs, cause=cause)
+    command = sc.MarkFailed(call.scope, token, now, now + call.options.ttl, response=response)
+    ok = yield from write_outcome(engine, call, command, cause=cause)
     if not ok:
         engine.lease_lost(call)
         return False
@@ -278,15 +272,12 @@ def is_permanent(exc: BaseException, permanent: Permanent) -> bool:
 def write_outcome(
     engine: Engine,
     call: Call,
-    name: str,
-    kwargs: dict[str, Any],
+    command: sc.StoreCall,
     *,
-    args: tuple[Any, ...] | None = None,
     cause: BaseException | None = None,
 ) -> Step:
-    """A write after the body ran: retried with bounded backoff, then OUTCOME_NOT_RECORDED.
-    ``args`` default to the call's scope."""
-    command = StoreCall(name, (call.scope,) if args is None else args, kwargs)
+    """A write after the body ran (``command``): retried with bounded backoff, then
+    OUTCOME_NOT_RECORDED."""
     try:
         return (yield command)
     except StoreUnavailableError as exc:
@@ -296,7 +287,7 @@ def write_outcome(
 def _retry_outcome(
     engine: Engine,
     call: Call,
-    command: StoreCall,
+    command: sc.StoreCall,
     failed: StoreUnavailableError,
     cause: BaseException | None = None,
 ) -> Step:

@@ -99,9 +99,9 @@ class MaintenanceRunner:
             self.runs[name] += 1
             return done
         except IdempotencyError as exc:
-            self.handler.log.error("maintenance_failed", job=name, error=exc.message)
+            self.handler.logger.error("maintenance_failed", job=name, error=exc.message)
         except Exception as exc:
-            self.handler.log.error("maintenance_failed", job=name, error=repr(exc))
+            self.handler.logger.error("maintenance_failed", job=name, error=repr(exc))
         return None
 
     def _loop(self) -> None:

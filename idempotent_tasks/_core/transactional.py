@@ -18,13 +18,14 @@ from typing import Any
 from ..typing import Permanent
 from . import tracing
 from .answers import finished, refused
-from .commands import Command, RunBody, StoreCall, TxBegin, TxCall, TxEnd
+from .commands import Command, RunBody, TxBegin, TxCall, TxEnd
 from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError
-from .flow import Flow, body_context, claim_scope, lease_of
+from .flow import Flow, body_context, claim_scope, decide, lease_of
 from .outcome import Outcome, OutcomeKind, refusal_kind
 from .recording import body_failed, is_permanent, poison, unstorable
-from .records import IdempotencyContext, Status
+from .records import IdempotencyContext
+from .store_calls import Get, Release
 from .transaction_context import bound_to_transaction
 
 
@@ -46,7 +47,7 @@ def run_owned_in_transaction(
         cm, tx = yield TxBegin()
     except IdempotencyError as err:
         with contextlib.suppress(IdempotencyError):  # else the lease expires; recovery decides
-            yield StoreCall("release", (call.scope,), {"token": claim.token})
+            yield Release(call.scope, claim.token)
         return refused(call, err)
     error: BaseException | None = None
     try:
@@ -118,25 +119,20 @@ def _ended_by_body(engine: Engine, call: Call, claim: Claim, ctx: IdempotencyCon
 
 
 def _as_duplicate(engine: Engine, call: Call, claim: Claim, ctx: IdempotencyContext) -> Flow:
-    """A stale owner's effects were rolled back: answer as a duplicate would."""
+    """A stale owner's effects were rolled back: answer as a duplicate would (the flow's
+    own decision on the record as it is now), never with our own result."""
     try:
-        record = yield StoreCall("get", (call.scope,), {})
-        if record is not None and record.status is Status.SUCCESS:
-            response, parent = (None, None) if record.response is None else (
-                tracing.unwrap(record.response)
-            )
-            value = engine.decode(call, response)
-            outcome = finished(call, claim, ctx, "replayed", result=value)
-            outcome.replayed_from = parent
-            return outcome
+        record = yield Get(call.scope)
     except IdempotencyError as err:
         return finished(call, claim, ctx, refusal_kind(err.code, ran=True), err=err)
-    if record is not None and record.status is Status.FAILED:
-        poisoned = call.error(ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)")
-        kept = engine.decode_kept(call, record.response)
-        return finished(call, claim, ctx, "poisoned", err=poisoned, result=kept)
-    busy = call.error(ErrorCode.REQUEST_IN_PROGRESS, "another attempt owns this scope")
-    return finished(call, claim, ctx, "in_progress", err=busy)
+    decided = decide(engine, call, record)
+    if type(decided) is not Outcome or decided.kind not in ("replayed", "poisoned"):
+        busy = call.error(ErrorCode.REQUEST_IN_PROGRESS, "another attempt owns this scope")
+        return finished(call, claim, ctx, "in_progress", err=busy)
+    outcome = finished(call, claim, ctx, decided.kind, result=decided.result,
+                       err=decided.refusal)
+    outcome.replayed_from = decided.replayed_from
+    return outcome
 
 
 def unkeyed_in_transaction(

@@ -19,6 +19,8 @@ DEFAULT_MAX_ENTRIES = 10_000
 
 class MemoryCache:
     name = "memory"
+    #: Never blocks (a dict under a lock): the async path calls it inline, on the loop.
+    in_process = True
 
     def __init__(
         self,

@@ -45,24 +45,19 @@ def apply(delivery: Delivery, outcome: Outcome) -> Any:
 
 
 def _result(delivery: Delivery, outcome: Outcome) -> Any:
-    if outcome.lease_lost:
-        # A stale owner: another attempt holds the scope.  Acking now would, on the Redis
-        # broker, delete the unacked entry the new owner's delivery shares with this one
-        # (same delivery tag), so a kill of the new owner would lose the message.  Come
-        # back instead: the retry finds the scope in progress, then replays its result.
-        wait_retry(delivery, make_error(
-            ErrorCode.REQUEST_IN_PROGRESS, "another attempt took this scope over",
-            tenant=outcome.tenant, operation=outcome.operation, key=outcome.key,
-        ))
     return outcome.result
 
 
 def _replayed(delivery: Delivery, outcome: Outcome) -> Any:
-    delivery.handler.log.debug("celery_replayed", **delivery.fields())
+    delivery.handler.logger.debug("celery_replayed", **delivery.fields())
     return outcome.result
 
 
 def _wait(delivery: Delivery, outcome: Outcome) -> NoReturn:
+    """In progress, store down, or ``superseded`` (a stale owner: acking now would, on the
+    Redis broker, delete the unacked entry the new owner's delivery shares with this one, so
+    a kill of the new owner would lose the message): come back later, not counted; the retry
+    finds the scope in progress, then replays the newer attempt's result."""
     wait_retry(delivery, outcome.error_object())
 
 
@@ -72,7 +67,7 @@ def invalid_input(task: Any, handler: IdempotencyHandler, exc: IdempotencyError)
         tenant=exc.tenant, operation=task.name, key=exc.key, request_hash=None,
         outcome="rejected",
     )
-    handler.log.warning(
+    handler.logger.warning(
         "celery_rejected", code=exc.code.value, operation=task.name, tenant=exc.tenant,
         key=exc.key, task_id=task.request.id,
     )
@@ -84,11 +79,11 @@ def _fail(delivery: Delivery, outcome: Outcome) -> NoReturn:
     exc = outcome.exception
     if exc is None or outcome.refusal is not None:
         err = outcome.error_object()
-        delivery.handler.log.warning("celery_refused", code=err.code.value, **delivery.fields())
+        delivery.handler.logger.warning("celery_refused", code=err.code.value, **delivery.fields())
         raise err
     if delivery.task.is_permanent(exc):
         raise exc
-    delivery.handler.log.warning(
+    delivery.handler.logger.warning(
         "celery_poisoned", retry_count=outcome.context.retry_count, error=type(exc).__name__,
         **delivery.fields(),
     )
@@ -117,7 +112,7 @@ def wait_retry(delivery: Delivery, exc: IdempotencyError) -> NoReturn:
     if task.request.is_eager:
         raise exc
     countdown = wait_countdown(task)
-    delivery.handler.log.info(
+    delivery.handler.logger.info(
         "celery_wait_retry", code=exc.code.value, countdown=countdown, operation=task.name,
         tenant=exc.tenant, key=exc.key, task_id=task.request.id,
     )
@@ -147,7 +142,7 @@ def transient_retry(delivery: Delivery, outcome: Outcome) -> NoReturn:
         options.pop(ignored, None)
     if options.get("countdown") is None and options.get("eta") is None:
         options["countdown"] = transient_countdown(task, count)
-    delivery.handler.log.info(
+    delivery.handler.logger.info(
         "celery_transient_retry", retry_count=count, countdown=options.get("countdown"),
         error=type(exc).__name__, **delivery.fields(),
     )
@@ -168,7 +163,7 @@ def publish_retry(delivery: Delivery, **options: Any) -> NoReturn:
     except Reject as rejected:
         if rejected.requeue:
             raise
-        delivery.handler.log.warning(
+        delivery.handler.logger.warning(
             "celery_retry_not_published", operation=task.name, task_id=task.request.id,
             error=repr(rejected.reason),
         )
@@ -198,9 +193,9 @@ def restore_success(task: Any, task_id: str, handler: IdempotencyHandler) -> Non
             return
         task.backend.store_result(task_id, record.response, states.SUCCESS, request=request)
     except Exception as exc:  # the store or backend is down: the retry goes on unchecked
-        handler.log.info("celery_retry_state_unchecked", task_id=task_id, error=repr(exc))
+        handler.logger.info("celery_retry_state_unchecked", task_id=task_id, error=repr(exc))
         return
-    handler.log.info("celery_retry_state_replaced", task_id=task_id, operation=ctx.operation,
+    handler.logger.info("celery_retry_state_replaced", task_id=task_id, operation=ctx.operation,
                      tenant=ctx.tenant, key=ctx.key)
 
 
@@ -228,6 +223,7 @@ ACTIONS: dict[str, Callable[[Delivery, Outcome], Any]] = {
     "poisoned": _fail,
     "rejected": _fail,
     "store_unavailable": _wait,
+    "superseded": _wait,
 }
 
 __all__ = [

@@ -127,7 +127,7 @@ def start_maintenance(app: celery.Celery) -> MaintenanceRunner:
     if state.runner is None:
         state.runner = MaintenanceRunner(state.handler, state.schedule)
     state.runner.start()
-    state.handler.log.info("celery_maintenance_started", owner=state.runner.owner)
+    state.handler.logger.info("celery_maintenance_started", owner=state.runner.owner)
     return state.runner
 
 
@@ -136,7 +136,7 @@ def stop_maintenance(app: celery.Celery) -> None:
     state = state_for(app)
     if state.runner is not None:
         state.runner.stop()
-        state.handler.log.info("celery_maintenance_stopped", owner=state.runner.owner)
+        state.handler.logger.info("celery_maintenance_stopped", owner=state.runner.owner)
 
 
 # ---------------------------------------------------------------------- configuration risks

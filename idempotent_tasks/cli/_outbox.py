@@ -57,7 +57,7 @@ def _publishers(options: dict[str, Any], handler: IdempotencyHandler) -> list[Pu
     made: list[Publisher] = []
     if options["celery_app"]:
         made.append(p.CeleryPublisher(_load_object(options["celery_app"], "--celery-app"),
-                                      log=handler.log))
+                                      log=handler.logger))
     if options["dramatiq_broker"]:
         made.append(p.DramatiqPublisher(
             _load_object(options["dramatiq_broker"], "--dramatiq-broker")))
@@ -223,7 +223,7 @@ def retry(state: CliState, ids: tuple[int, ...], actor: str | None) -> None:
     handler = state.handler()
     done = box.retry([r.id for r in rows], now=handler.clock())
     for r in rows:
-        handler.log.warning("outbox_row_retried", id=r.id, kind=r.kind,
+        handler.logger.warning("outbox_row_retried", id=r.id, kind=r.kind,
                             destination=r.destination, tenant=r.tenant, operation=r.operation,
                             attempts=r.attempts, last_error=r.last_error,
                             actor=f"cli:{actor or _default_actor()}")
@@ -245,7 +245,7 @@ def drop(state: CliState, ids: tuple[int, ...], yes: bool, actor: str | None) ->
         click.confirm("Delete these rows? Their messages will never be published.", abort=True)
     dropped = box.drop([r.id for r in rows])
     for r in dropped:
-        handler.log.warning("outbox_row_dropped", id=r.id, kind=r.kind,
+        handler.logger.warning("outbox_row_dropped", id=r.id, kind=r.kind,
                             destination=r.destination, tenant=r.tenant, operation=r.operation,
                             key=r.key, last_error=r.last_error,
                             actor=f"cli:{actor or _default_actor()}")

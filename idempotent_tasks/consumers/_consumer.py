@@ -141,10 +141,7 @@ class IdempotentConsumer:
         try:
             return self.resolver.resolve(message)
         except IdempotencyError as err:
-            outcome = Outcome(
-                "rejected", error_code=err.code, detail=err.message, operation=self.operation,
-                refusal=err,
-            )
+            outcome = Outcome.refused(err, operation=self.operation)
             return self._checked(message, outcome)
 
     def _checked(self, message: Message, outcome: Outcome) -> Outcome:
@@ -153,7 +150,7 @@ class IdempotentConsumer:
             ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST
         ):
             code = outcome.error_code
-            self.handler.log.warning(
+            self.handler.logger.warning(
                 "message_rejected", operation=self.operation,
                 error_code=None if code is None else code.value, error=outcome.detail,
                 topic=message.topic, offset=message.offset,
@@ -163,7 +160,7 @@ class IdempotentConsumer:
 
 def _outbox(fn: Body) -> dict[str, Any]:
     """``outbox=`` for a transactional body that declares that parameter."""
-    from ..outbox._arguments import outbox_kwargs
+    from ..outbox import outbox_kwargs
 
     return outbox_kwargs(fn)
 

@@ -50,7 +50,15 @@ def install_signal_handlers(
 ) -> bool:
     """Set ``stop`` on SIGTERM/SIGINT so a consumer process shuts down cleanly: the message
     in hand finishes, its offset / ack is written, the group is left.  Only possible in the
-    main thread; returns False (and changes nothing) elsewhere."""
+    main thread; returns False (and changes nothing) elsewhere.
+
+    Args:
+        stop: The event the consumer loop's ``run(fn, stop=...)`` watches.
+        signals: The signals that set it.
+
+    Returns:
+        True if the handlers were installed (main thread), False otherwise.
+    """
     if threading.current_thread() is not threading.main_thread():
         return False
     signalled = False

@@ -180,7 +180,7 @@ class KafkaConsumerLoop:
         self.maintenance = maintenance
         self.on_outcome = on_outcome
         self.dead_letter_timeout = dead_letter_timeout
-        self.log = consumer.handler.log
+        self.log = consumer.handler.logger
         self._kafka: Any = None
         self._producer: Any = None
         self._retries: dict[TP, _Retry] = {}

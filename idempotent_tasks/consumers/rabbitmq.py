@@ -133,7 +133,7 @@ class RabbitMQConsumerLoop:
         self.on_outcome = on_outcome
         self.poll_timeout = poll_timeout
         self.connection_options = dict(connection_options or {})
-        self.log = consumer.handler.log
+        self.log = consumer.handler.logger
         self._conn: Any = None
         self._producer: Any = None
         self._inbox: list[Any] = []

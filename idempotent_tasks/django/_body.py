@@ -28,18 +28,26 @@ IMMEDIATE`` does), so the body never fails to upgrade a read lock half-way.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
-from .._core.errors import ConfigurationError
+from .._core.errors import ConfigurationError, IdempotencyError
 from .._core.logging import default_logger
 from .._core.records import Scope
-from ..stores.sql import _statements as q
+from ..stores.sql import protocol as q
 
-if TYPE_CHECKING:
-    from ._store import DjangoStore
+
+class DjangoStore(Protocol):
+    """What a body transaction needs of its ``DjangoStore`` (``._store``)."""
+
+    using: str
+    _pg: bool
+    _records: str
+    _common: Any
+
+    def failure(self, what: str, exc: BaseException) -> IdempotencyError: ...
 
 _PG_IN_TRANSACTION: Final = 2  # psycopg / psycopg2 TransactionStatus.INTRANS
 _log = default_logger()

@@ -27,8 +27,12 @@ from sqlalchemy.schema import (
 )
 
 from .._core.errors import ConfigurationError
-from ..stores.sql._schema import DEFAULT_TABLE_PREFIX, build_metadata, fencing_sequence
-from ..stores.sql._sqlite import fencing_table
+from ..stores.sql.protocol import (
+    DEFAULT_TABLE_PREFIX,
+    build_metadata,
+    fencing_sequence,
+    fencing_table,
+)
 
 #: The tables' prefix: the migrations create the SQL store's default tables.
 PREFIX: Final = DEFAULT_TABLE_PREFIX

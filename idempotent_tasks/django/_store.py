@@ -39,11 +39,8 @@ from django.db.utils import ConnectionDoesNotExist
 
 from .._core.errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from ..stores.base import BodyTransaction
-from ..stores.sql import _statements as q
-from ..stores.sql._errors import schema_missing
-from ..stores.sql._postgres import PostgresOps
-from ..stores.sql._sqlite import SQLiteOps
-from ..stores.sql._store import SQLStore
+from ..stores.sql import SQLStore
+from ..stores.sql.protocol import dialect_plans, schema_missing
 from ._schema import PREFIX, SUPPORTED_VENDORS, sa_dialect
 
 SCHEMA_MISSING: Final = (
@@ -71,14 +68,9 @@ class DjangoStore(SQLStore):
         self.name = vendor
         self._pg = vendor == "postgresql"
         quote = sa_dialect(vendor).identifier_preparer.quote
-        r, c, lk = (quote(f"{PREFIX}_{t}") for t in ("records", "retry_counters", "locks"))
-        self._records = r
-        self._common = q.Common(r, c, lk, q.pyformat if self._pg else q.identity)
-        self._ops: PostgresOps | SQLiteOps = (
-            PostgresOps(r, c, quote(f"{PREFIX}_fencing_seq"))
-            if self._pg
-            else SQLiteOps(r, c, quote(f"{PREFIX}_fencing"), self._common)
-        )
+        self._records = quote(f"{PREFIX}_records")
+        self._plans = dialect_plans(vendor, quote, PREFIX)
+        self._common = self._plans.common
 
     def __repr__(self) -> str:
         return f"DjangoStore(using={self.using!r})"

@@ -65,7 +65,7 @@ class IdempotencyMiddleware(Middleware):
             MaintenanceSchedule(recover_every=seconds(recover_every),
                                 cleanup_every=seconds(cleanup_every)),
         )
-        self.retry_guard = RetryGuard(handler.log)
+        self.retry_guard = RetryGuard(handler.logger)
         self._workers = 0
         self._lock = threading.Lock()
 
@@ -81,7 +81,7 @@ class IdempotencyMiddleware(Middleware):
         if spec.overrides:
             self.handler.register_operation(spec.operation, **spec.overrides)
         if spec.transactional and not self.handler.supports_transactions:
-            self.handler.log.warning(
+            self.handler.logger.warning(
                 "dramatiq_transactional_needs_sql_store", operation=spec.operation
             )
         actor.options["retry_when"] = _retry_policy(broker, actor.options.get("retry_when"))
@@ -163,7 +163,7 @@ class IdempotencyMiddleware(Middleware):
                 "IdempotencyMiddleware needs Dramatiq's Retries middleware: without it, "
                 "in-progress and store-down messages would be acked instead of retried"
             )
-        enable_publisher_confirms(broker, self.handler.log)
+        enable_publisher_confirms(broker, self.handler.logger)
         install_replay_skip_filter()  # replays are not worth Dramatiq's "skipped" warning
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:
@@ -172,7 +172,7 @@ class IdempotencyMiddleware(Middleware):
             self.retry_guard.resume()
             if self.maintenance and self._workers == 1:
                 self.maintenance_runner.start()
-                self.handler.log.info(
+                self.handler.logger.info(
                     "dramatiq_maintenance_started", owner=self.maintenance_runner.owner
                 )
 
@@ -183,7 +183,7 @@ class IdempotencyMiddleware(Middleware):
                 self.retry_guard.stop()
             if self.maintenance and self._workers == 0:
                 self.maintenance_runner.stop()
-                self.handler.log.info(
+                self.handler.logger.info(
                     "dramatiq_maintenance_stopped", owner=self.maintenance_runner.owner
                 )
 

@@ -111,7 +111,7 @@ class MessageRun:
         return outcome.result
 
     def _replayed(self, outcome: Outcome) -> NoReturn:
-        self.handler.log.debug(
+        self.handler.logger.debug(
             "dramatiq_message_replayed", operation=self.spec.operation,
             message_id=self.message.message_id, tenant=outcome.tenant, key=outcome.key,
         )
@@ -134,7 +134,7 @@ class MessageRun:
 
     def _raise(self, exc: BaseException, decision: _state.Decision, kind: str) -> NoReturn:
         _state.remember(exc, decision)
-        self.handler.log.info(
+        self.handler.logger.info(
             "dramatiq_message_" + decision.value, outcome=kind, error=type(exc).__name__,
             code=getattr(getattr(exc, "code", None), "value", None),
             operation=self.spec.operation, message_id=self.message.message_id,
@@ -156,6 +156,7 @@ ACTIONS: dict[str, Callable[[MessageRun, Outcome], Any]] = {
     "poisoned": MessageRun._dead_letter,
     "rejected": MessageRun._dead_letter,
     "store_unavailable": MessageRun._wait,
+    "superseded": MessageRun._wait,
 }
 
 
@@ -166,7 +167,7 @@ def _body(
         return lambda: fn(*args, **kwargs)
 
     def in_transaction(conn: Any) -> Any:
-        from ..outbox._arguments import outbox_kwargs  # the ``outbox`` argument, if declared
+        from ..outbox import outbox_kwargs  # the ``outbox`` argument, if declared
 
         token = _state.connection.set(conn)
         try:

@@ -68,7 +68,15 @@ def idempotent(
     on_outcome: OutcomeCallback | None = None,
 ) -> Callable[[F], F]:
     """Run the subscriber at most once per (tenant, operation, key); same options and
-    outcome table as :class:`IdempotencyMiddleware`."""
+    outcome table as :class:`IdempotencyMiddleware`.
+
+    Args:
+        handler: The handler whose store records each scope; every other option is the
+            middleware's (``operation``, ``key``, ``tenant``, ``dead_letter``, …).
+
+    Returns:
+        A decorator for the subscriber function, to put under ``@broker.subscriber(...)``.
+    """
     subscription = Subscription(
         handler, operation=operation, tenant=tenant, default_tenant=default_tenant, key=key,
         payload=payload, permanent=permanent, require_key=require_key, ttl=ttl,

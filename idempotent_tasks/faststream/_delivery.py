@@ -142,10 +142,7 @@ class Subscription:
         operation = self.operation or message.topic
         resolved = await self._resolve(msg, message, operation)
         if isinstance(resolved, IdempotencyError):
-            outcome = Outcome(
-                "rejected", error_code=resolved.code, detail=resolved.message,
-                operation=operation, refusal=resolved,
-            )
+            outcome = Outcome.refused(resolved, operation=operation)
         else:
             system = _SYSTEMS.get(adapter.name)
             with tracing.messaging(lambda: message_attributes(message, system)):
@@ -180,7 +177,7 @@ class Subscription:
                 default_tenant=self.default_tenant,
             ).resolve(message)
         except IdempotencyError as err:
-            self.handler.log.warning(
+            self.handler.logger.warning(
                 "message_rejected", operation=operation, error_code=err.code.value,
                 error=err.message, topic=message.topic, offset=message.offset,
             )
@@ -195,7 +192,7 @@ class Subscription:
         while len(self._attempts) > _MAX_TRACKED_ATTEMPTS:
             self._attempts.popitem(last=False)
         delay = self.backoff.delay(attempt)
-        self.handler.log.info(
+        self.handler.logger.info(
             "message_retry_scheduled", broker=adapter.name, topic=message.topic,
             reason=outcome.kind, delay=round(delay, 3), attempt=attempt + 1,
             tenant=outcome.tenant, key=outcome.key,
@@ -206,7 +203,7 @@ class Subscription:
         except asyncio.CancelledError:
             raise  # shutting down: the unacked message comes back anyway
         except Exception as exc:
-            self.handler.log.error("message_retry_failed", broker=adapter.name, error=repr(exc))
+            self.handler.logger.error("message_retry_failed", broker=adapter.name, error=repr(exc))
 
     async def _dead_letter(
         self, adapter: Broker, msg: Any, message: Message, outcome: Outcome, context: Any
@@ -216,7 +213,7 @@ class Subscription:
         self._attempts.pop(_attempt_key(message, outcome), None)
         code = (outcome.error_code or ErrorCode.INTERNAL_ERROR).value
         if self.dead_letter is None:
-            self.handler.log.warning(
+            self.handler.logger.warning(
                 "dead_letter_dropped", broker=adapter.name, topic=message.topic,
                 kind=outcome.kind, error_code=code, error=outcome.error, tenant=outcome.tenant,
                 key=outcome.key,
@@ -234,13 +231,13 @@ class Subscription:
                 self.dead_letter_options,
             )
         except Exception as exc:
-            self.handler.log.error(
+            self.handler.logger.error(
                 "dead_letter_failed", broker=adapter.name, destination=self.dead_letter,
                 error=repr(exc), tenant=outcome.tenant, key=outcome.key,
             )
             await self._retry(adapter, msg, message, outcome)
             return
-        self.handler.log.warning(
+        self.handler.logger.warning(
             "message_dead_lettered", broker=adapter.name, topic=message.topic,
             destination=self.dead_letter, kind=outcome.kind, error_code=code,
             error=outcome.error, tenant=outcome.tenant, key=outcome.key,
@@ -253,7 +250,7 @@ class Subscription:
         try:
             await action
         except Exception as exc:
-            self.handler.log.error("message_settle_failed", broker=adapter.name, error=repr(exc))
+            self.handler.logger.error("message_settle_failed", broker=adapter.name, error=repr(exc))
 
     def _check_ack_policy(self, msg: Any, subscriber: Any, message: Message) -> None:
         """A message acked before its body ran cannot come back: say so, once."""
@@ -261,7 +258,7 @@ class Subscription:
         if (msg.committed is None and not acks_first) or id(subscriber) in self._warned:
             return
         self._warned.add(id(subscriber))
-        self.handler.log.warning(
+        self.handler.logger.warning(
             "faststream_message_acked_before_processing", topic=message.topic,
             hint="use ack_policy=AckPolicy.REJECT_ON_ERROR (or ACK / MANUAL): with "
                  "ACK_FIRST or Kafka auto-commit a retried or crashed message is lost",

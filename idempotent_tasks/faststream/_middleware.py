@@ -96,7 +96,7 @@ class _Scope(BaseMiddleware):
             try:
                 await self.message.ack()
             except Exception as exc:  # the broker logs too; the message comes back and replays
-                self.subscription.handler.log.error("message_ack_failed", error=repr(exc))
+                self.subscription.handler.logger.error("message_ack_failed", error=repr(exc))
         return False
 
 

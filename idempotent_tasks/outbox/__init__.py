@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._schema import RowStatus, ddl, outbox_table
+from ._arguments import outbox_kwargs
+from ._schema import RowStatus, ddl, outbox_table, sent_table_name, table_name
 from ._staging import StagedMessage, TransactionalOutbox, current_outbox, staged_key
 from ._table import Outbox, OutboxRow
 from ._targets import (
@@ -85,7 +86,10 @@ __all__ = [
     "ddl",
     "dramatiq_message",
     "kafka_record",
+    "outbox_kwargs",
     "outbox_table",
     "rabbitmq_message",
+    "sent_table_name",
     "staged_key",
+    "table_name",
 ]

@@ -21,7 +21,11 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-from ..stores.sql._schema import DEFAULT_TABLE_PREFIX, refuse_mismatch
+from ..stores.sql.protocol import (
+    DEFAULT_TABLE_PREFIX,
+    refuse_mismatch,
+    register_schema_extension,
+)
 
 #: The tables' names: the store's table prefix plus these suffixes.
 TABLE_SUFFIX: Final = "_outbox"
@@ -134,6 +138,11 @@ def drop_schema(conn: sa.Connection, prefix: str = DEFAULT_TABLE_PREFIX) -> None
     _lock(conn, prefix)
     for table in (outbox_table(prefix), sent_table(prefix)):
         table.drop(conn, checkfirst=True)
+
+
+# ``SQLStore.create_schema()`` / ``drop_schema()`` (and ``idempotent-tasks migrate``) create
+# and drop the outbox's tables with the store's, in the same transaction.
+register_schema_extension("outbox", create_schema, drop_schema)
 
 
 def ddl(dialect_name: str, prefix: str = DEFAULT_TABLE_PREFIX, *, if_not_exists: bool = False

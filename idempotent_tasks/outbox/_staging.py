@@ -32,8 +32,7 @@ from .._core.errors import ConfigurationError, IdempotencyError
 from .._core.keys import derive_key
 from .._core.records import IdempotencyContext
 from .._core.transaction_context import OpenTransaction, current_transaction
-from ..stores.sql._errors import translate
-from ..stores.sql._schema import DEFAULT_TABLE_PREFIX
+from ..stores.sql.protocol import DEFAULT_TABLE_PREFIX, translate
 from ._metrics import OutboxMetrics, outbox_metrics_for
 from ._schema import table_name
 from ._targets import (
@@ -159,14 +158,21 @@ class TransactionalOutbox:
         return staged
 
     async def send_async(self, message: Any) -> StagedMessage:
-        """``send`` for an async body on an ``AsyncSQLStore`` (a ``psycopg.AsyncConnection``)."""
+        """``send`` for an async body on an ``AsyncSQLStore`` (a ``psycopg.AsyncConnection``
+        or an asyncpg connection)."""
         conn = self._tx.connection
-        if not hasattr(conn, "execute") or not hasattr(conn, "pgconn"):
+        numbered = hasattr(conn, "fetchval")  # asyncpg: ``$n`` placeholders, positional
+        if not numbered and (not hasattr(conn, "execute") or not hasattr(conn, "pgconn")):
             return self.send(message)
         staged, params = self._row(as_target(message))
+        sql = insert_statement("postgresql", self._prefix, self._next == 0)
         try:
-            await conn.execute(insert_statement("postgresql", self._prefix, self._next == 0),
-                               params)
+            if numbered:
+                parts = sql.split("%s")
+                sql = "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
+                await conn.execute(sql, *params)
+            else:
+                await conn.execute(sql, params)
         except Exception as exc:
             raise self._failure(exc) from exc
         self._next += 1

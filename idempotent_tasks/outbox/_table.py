@@ -24,8 +24,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from .._core.errors import ConfigurationError
-from ..stores.sql._errors import translate
-from ..stores.sql._schema import DEFAULT_TABLE_PREFIX
+from ..stores.sql.protocol import DEFAULT_TABLE_PREFIX, translate
 from . import _schema
 from ._schema import RowStatus
 from ._targets import decode_fields

@@ -126,7 +126,7 @@ class OutboxRelay:
         self.lease_ttl = lease_ttl
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.metrics: OutboxMetrics = outbox_metrics_for(handler.metrics)
-        self.log = handler.log
+        self.log = handler.logger
         listen = outbox.dialect == "postgresql" if listen is None else listen
         self.waiter: Waiter = (
             ListenWaiter(outbox.engine, notify_channel(outbox.table_prefix), self.log)

@@ -6,7 +6,8 @@ stores only execute conditional writes and report what happened.  Timestamps are
 passed in by the handler (``now`` from its injectable clock): stores never read a clock of
 their own for anything the contract depends on.
 
-Rules every implementation follows (the contract test suite checks each one):
+Rules every implementation follows (:class:`idempotent_tasks.testing.StoreContract` checks
+each one, on a sync store or an async one):
 
 * ``create`` is atomic: of any number of concurrent callers for one scope exactly one gets
   ``CREATED``, and the *store* picks the new attempt's fencing token (returned in the
@@ -31,7 +32,7 @@ Rules every implementation follows (the contract test suite checks each one):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -278,4 +279,133 @@ class TransactionalStore(Store, Protocol):
     def body_transaction(self) -> AbstractContextManager[BodyTransaction]:
         """Open a connection and begin a transaction; on exit without ``commit`` it rolls
         back, and the connection is always returned."""
+        ...
+
+
+# -- the async face: the same contract, every method a coroutine --------------------------------
+@runtime_checkable
+class AsyncHotPathStore(Protocol):
+    """:class:`HotPathStore` with coroutine methods, awaited on the caller's event loop.
+
+    Its coroutine methods are what makes a store async: the handler awaits them on its
+    event loop (no thread hop), and ``handler.execute`` on it is ``CONFIGURATION_ERROR``.
+    No flag says it."""
+
+    name: str
+
+    async def create(
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
+    ) -> CreateResult: ...
+
+    async def get(self, scope: Scope) -> StoredRecord | None: ...
+
+    async def take_over(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> TakeOver | None: ...
+
+    async def heartbeat(
+        self, scope: Scope, *, token: int, now: float, lease_expires_at: float
+    ) -> bool: ...
+
+    async def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool: ...
+
+    async def mark_failed(
+        self, scope: Scope, *, token: int, now: float, expires_at: float,
+        only_if_lease_expired: bool = False, response: bytes | None = None,
+    ) -> bool: ...
+
+    async def release(self, scope: Scope, *, token: int) -> bool: ...
+
+    async def record_failure(
+        self, scope: Scope, *, token: int, now: float, max_retries: int, expires_at: float,
+        only_if_lease_expired: bool = False,
+    ) -> FailureResult | None: ...
+
+    async def get_retry_count(self, scope: Scope) -> int: ...
+
+
+@runtime_checkable
+class AsyncBatchStore(Protocol):
+    """:class:`BatchStore` with coroutine methods."""
+
+    async def create_many(
+        self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
+    ) -> list[CreateResult]: ...
+
+    async def mark_success_many(
+        self, writes: Sequence[SuccessWrite], *, now: float
+    ) -> list[bool]: ...
+
+
+@runtime_checkable
+class AsyncMaintenanceStore(Protocol):
+    """:class:`MaintenanceStore` with coroutine methods."""
+
+    async def find_stuck(
+        self, *, now: float, heartbeat_before: float | None, limit: int
+    ) -> list[StoredRecord]: ...
+
+    async def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int: ...
+
+    async def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool: ...
+
+    async def release_lock(self, name: str, *, owner: str) -> None: ...
+
+
+@runtime_checkable
+class AsyncAdminStore(Protocol):
+    """:class:`AdminStore` with coroutine methods."""
+
+    async def delete_record(
+        self, scope: Scope, *, status: Status | None = None
+    ) -> StoredRecord | None: ...
+
+    async def reset_retry_count(self, scope: Scope) -> None: ...
+
+    async def list_records(
+        self, *, status: Status | None = None, operation: str | None = None,
+        tenant: str | None = None, limit: int = 100, offset: int = 0,
+    ) -> list[StoredRecord]: ...
+
+    async def stats(self) -> Mapping[tuple[str, Status], int]: ...
+
+    async def create_schema(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncStore(
+    AsyncHotPathStore, AsyncBatchStore, AsyncMaintenanceStore, AsyncAdminStore, Protocol
+):
+    """The whole contract for an asyncio store (``AsyncSQLStore``, ``AsyncRedisStore``):
+    every rule of the module docstring holds, each method is awaited on the event loop that
+    first used the store (build one store per loop)."""
+
+
+class AsyncBodyTransaction(Protocol):
+    """:class:`BodyTransaction` for an async store: the body gets ``connection`` (e.g. a
+    ``psycopg.AsyncConnection``) inside the open transaction."""
+
+    connection: Any
+
+    async def mark_success(
+        self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
+    ) -> bool: ...
+
+    def is_intact(self) -> bool: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncTransactionalStore(AsyncStore, Protocol):
+    """An async store whose records live in a SQL database the body can write to."""
+
+    def body_transaction(self) -> AbstractAsyncContextManager[AsyncBodyTransaction]:
+        """As :meth:`TransactionalStore.body_transaction`, entered with ``async with``."""
         ...

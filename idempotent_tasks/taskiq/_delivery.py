@@ -75,8 +75,7 @@ class Delivery:
         try:
             resolved = resolve(spec, message, self.default_tenant)
         except IdempotencyError as err:
-            self.outcome = Outcome("rejected", error_code=err.code, detail=err.message,
-                                   operation=operation, refusal=err)
+            self.outcome = Outcome.refused(err, operation=operation)
             if self.on_outcome is not None:
                 self.on_outcome(message, self.outcome)
             raise err from None
@@ -106,7 +105,7 @@ def trace_attributes(broker: Any, message: Any) -> dict[str, Any]:
 
 
 def _raise(outcome: Outcome) -> NoReturn:
-    if outcome.kind in ("in_progress", "store_unavailable"):
+    if outcome.kind in ("in_progress", "store_unavailable", "superseded"):
         raise IdempotencyRetry(outcome.error_object())
     if outcome.exception is not None and outcome.refusal is None:
         raise outcome.exception  # failed, or poisoned by the body's own error

@@ -94,7 +94,7 @@ class IdempotencyMiddleware(TaskiqMiddleware):
             result.error = NoResultError()  # the copy's result will be the task's result
             return
         code = outcome.error_code
-        self.handler.log.warning(
+        self.handler.logger.warning(
             "taskiq_task_dead_lettered", task=message.task_name, task_id=message.task_id,
             kind=outcome.kind, error_code=None if code is None else code.value,
             error=outcome.error, tenant=outcome.tenant, key=outcome.key,
@@ -113,7 +113,7 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         the receiver acks the original only after this returns."""
         attempt = int(message.labels.get(ATTEMPT_LABEL, 0) or 0)
         delay = self.backoff.delay(attempt)
-        self.handler.log.info(
+        self.handler.logger.info(
             "taskiq_retry_scheduled", task=message.task_name, task_id=message.task_id,
             reason=reason, delay=round(delay, 3), attempt=attempt + 1,
         )

@@ -88,7 +88,15 @@ def _call(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], what:
 
 def idempotency_labels(key: str, tenant: str | None = None) -> dict[str, str]:
     """The labels that carry a call's key (and tenant):
-    ``task.kicker().with_labels(**idempotency_labels(key, "acme")).kiq(...)``."""
+    ``task.kicker().with_labels(**idempotency_labels(key, "acme")).kiq(...)``.
+
+    Args:
+        key: The call's idempotency key, made once per logical operation.
+        tenant: The call's tenant (``None``: the label is left out).
+
+    Returns:
+        The labels, as keyword arguments of ``with_labels``.
+    """
     labels = {KEY_LABEL: key}
     if tenant is not None:
         labels[TENANT_LABEL] = tenant

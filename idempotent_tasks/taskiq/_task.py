@@ -48,6 +48,14 @@ def idempotent(
     arguments; ``tenant`` may be a constant), the middleware's ``default_tenant``, and —
     only with ``require_key=False`` — the task id.  ``max_retries`` is the number of failed
     attempts the store counts before poisoning.  Other keyword arguments are taskiq labels.
+
+    Args:
+        broker: The taskiq broker (with :class:`IdempotencyMiddleware` added).
+        task_name: The task's name (default: taskiq's, from the function).
+        **labels: taskiq labels of the task; the other options are described above.
+
+    Returns:
+        A decorator that registers the function as the broker's task.
     """
     spec = TaskSpec(
         permanent=permanent, key=key, tenant=tenant, payload=payload, require_key=require_key,

@@ -321,7 +321,8 @@ def test_constructor_arguments_are_checked() -> None:
 
     for bad in (
         lambda: AsyncRedisStore("redis://127.0.0.1:6379/0", max_connections=0),
-        lambda: AsyncRedisStore("redis+cluster://127.0.0.1:7000"),
+        lambda: AsyncRedisStore("redis://127.0.0.1:6379/0", prefix="bad{tag}"),
+        lambda: AsyncRedisStore("redis+cluster://127.0.0.1:7000", wait_replicas=1),
         lambda: AsyncRedisStore(object()),  # type: ignore[arg-type]
         lambda: AsyncSQLStore("sqlite:///x.db"),
         lambda: AsyncSQLStore(POSTGRES_URL, table_prefix="1bad"),

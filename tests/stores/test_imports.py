@@ -39,6 +39,8 @@ def test_stores_import_with_docstrings_stripped(flag: str) -> None:
         "idempotent_tasks.stores.redis._store",
         "idempotent_tasks.stores.redis._records",
         "idempotent_tasks.stores.redis._direct",
+        "idempotent_tasks.stores.redis._protocol",
+        "idempotent_tasks.stores.redis._async_store",
     ],
 )
 def test_each_store_module_imports_first_in_a_fresh_process(module: str) -> None:
@@ -53,8 +55,8 @@ def test_the_lua_scripts_are_package_data() -> None:
     pytest.importorskip("redis")
     from importlib import resources
 
-    from idempotent_tasks.stores.redis import _plumbing
+    from idempotent_tasks.stores.redis import _client
 
     lua = resources.files("idempotent_tasks.stores.redis").joinpath("lua")
     shipped = {p.name for p in lua.iterdir() if p.name.endswith(".lua")}
-    assert shipped == {f"{name}.lua" for name in _plumbing._SCRIPTS}
+    assert shipped == {f"{name}.lua" for name in _client.SCRIPTS}

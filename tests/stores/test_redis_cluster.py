@@ -9,9 +9,12 @@ client is a ``RedisCluster``.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import shutil
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -156,3 +159,74 @@ def test_dead_cluster_url_constructs_and_fails_on_use() -> None:
     store = RedisStore("redis+cluster://127.0.0.1:1", connect_timeout=0.5)
     with pytest.raises(StoreUnavailableError):
         store.get(Scope("t", "op", "k"))
+
+
+# -- AsyncRedisStore on redis.asyncio's RedisCluster: the same protocol, the same contract ----
+class _OnALoop:
+    """An async store's coroutine methods as blocking calls, run on a loop thread of its own
+    (the contract tests are sync); any other attribute is the store's own."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        return lambda *args, **kwargs: self.run(attr(*args, **kwargs))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def async_cluster_store(cluster_ports: list[int]) -> Iterator[Any]:
+    """An ``AsyncRedisStore`` on a ``redis+cluster://`` URL (``redis.asyncio``'s
+    ``RedisCluster``), driven from the test's thread."""
+    from idempotent_tasks import AsyncRedisStore
+
+    url = f"redis+cluster://127.0.0.1:{cluster_ports[0]}"
+    store = _OnALoop(AsyncRedisStore(url, prefix=f"ca_{uuid.uuid4().hex[:10]}"))
+    try:
+        store.create_schema()
+        yield store
+        store.drop_schema()
+        client = RedisCluster(host="127.0.0.1", port=cluster_ports[0], socket_timeout=5)
+        left = list(client.scan_iter(match=f"{store.prefix}:*"))
+        client.close()
+        assert left == [], "drop_schema left keys behind"
+    finally:
+        store.close()
+        store.stop()
+
+
+@pytest.mark.parametrize("contract_test", CONTRACT, ids=lambda fn: fn.__name__)
+def test_contract_on_redis_cluster_through_redis_asyncio(
+    contract_test: Callable[[Store], None], async_cluster_store: Store
+) -> None:
+    contract_test(async_cluster_store)
+
+
+def test_async_batches_go_per_shard_and_spread_over_every_master(
+    async_cluster_store: Any, cluster_ports: list[int]
+) -> None:
+    claims = [ClaimRequest(Scope("t", "op", str(i)), "h") for i in range(300)]
+    results = async_cluster_store.create_many(claims, now=NOW, lease_expires_at=NOW + 30)
+    assert all(r.created for r in results)
+    per_node = []
+    for port in cluster_ports:
+        node = redis.Redis(port=port)
+        per_node.append(sum(1 for _ in node.scan_iter(match=f"{async_cluster_store.prefix}:*:r")))
+        node.close()
+    assert sum(per_node) == 300 and all(n > 0 for n in per_node)
+    stuck = async_cluster_store.find_stuck(now=NOW + 31, heartbeat_before=None, limit=1000)
+    assert len(stuck) == 300

@@ -409,3 +409,112 @@ def test_every_write_the_replica_does_not_confirm_is_refused(pair: Pair) -> None
     assert waiting.create(s[5], request_hash="h", now=now, lease_expires_at=now + 30).created \
         is False  # a duplicate wrote nothing: answered as usual
     assert waiting.release(s[5], token=1) is False  # a refused write: as usual
+
+
+# -- clients managed by Sentinel ------------------------------------------------------------
+@pytest.fixture
+def sentinel_port(tmp_path: Path) -> Iterator[int]:
+    """A primary of the test's own and one ``redis-server --sentinel`` monitoring it as
+    ``primary``."""
+    primary = Server(tmp_path, "watched").start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+                    f"sentinel monitor primary 127.0.0.1 {primary.port} 1\n")
+    proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def knows_the_primary() -> bool:
+        try:
+            with redis.Redis(port=port, socket_timeout=1) as s:
+                return s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "primary") is not None
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until(knows_the_primary, "the sentinel to answer for its primary")
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(10)
+        primary.stop()
+
+
+def test_sync_and_async_stores_on_sentinel_clients_share_their_records(
+    sentinel_port: int,
+) -> None:
+    """``RedisStore`` on ``redis.sentinel`` and ``AsyncRedisStore`` on
+    ``redis.asyncio.sentinel``: clients passed in are used as they are."""
+    import asyncio
+
+    import redis.asyncio.sentinel
+    import redis.sentinel
+
+    from idempotent_tasks import AsyncRedisStore
+
+    prefix = f"sn_{uuid.uuid4().hex[:8]}"
+    sentinels = [("127.0.0.1", sentinel_port)]
+    sync_client = redis.sentinel.Sentinel(sentinels, socket_timeout=5).master_for("primary")
+    store = RedisStore(sync_client, prefix=prefix)
+    handler = IdempotencyHandler(store, metrics=None)
+    assert handler.run(lambda: "sync", operation="pay", tenant="acme", key="s").kind == "executed"
+
+    async def main() -> None:
+        client = redis.asyncio.sentinel.Sentinel(sentinels, socket_timeout=5).master_for("primary")
+        twin = AsyncRedisStore(client, prefix=prefix)
+        h = IdempotencyHandler(twin, metrics=None)
+
+        async def body() -> str:
+            return "async"
+
+        replay = await h.run_async(body, operation="pay", tenant="acme", key="s")
+        assert (replay.kind, replay.result) == ("replayed", "sync")
+        assert (await h.run_async(body, operation="pay", tenant="acme", key="a")).kind == "executed"
+        await twin.close()
+        await client.aclose()
+
+    try:
+        asyncio.run(main())
+        assert handler.run(lambda: "x", operation="pay", tenant="acme", key="a").result == "async"
+    finally:
+        store.drop_schema()
+        store.close()
+        sync_client.close()
+
+
+def test_the_async_store_waits_for_replicas_the_same_way(pair: Pair) -> None:
+    """``AsyncRedisStore`` runs the same protocol: its claims and outcome writes are
+    confirmed with one WAIT each (in the write's round trip), and a claim the replica does
+    not confirm is refused and withdrawn before the body runs."""
+    import asyncio
+
+    from idempotent_tasks import AsyncRedisStore
+
+    async def body() -> str:
+        return "ok"
+
+    async def main() -> None:
+        healthy = AsyncRedisStore(pair.primary.url, prefix=pair.prefix, wait_replicas=1,
+                                  wait_timeout=CONFIRMED)
+        short = AsyncRedisStore(pair.primary.url, prefix=pair.prefix, wait_replicas=1,
+                                wait_timeout=WAIT_TIMEOUT)
+        try:
+            await healthy.create_schema()  # the scripts loaded (a NOSCRIPT retry waits again)
+            h = IdempotencyHandler(healthy, metrics=None, outcome_retry_timeout=0.2)
+            before = commands_sent(pair.primary, "wait")
+            assert (await h.run_async(body, operation="pay", tenant="acme", key="a")).kind == (
+                "executed"
+            )
+            assert commands_sent(pair.primary, "wait") - before == 2  # claim + SUCCESS
+            pair.hold_link()
+            refused = await IdempotencyHandler(short, metrics=None).run_async(
+                body, operation="pay", tenant="acme", key="b"
+            )
+            assert refused.error_code is ErrorCode.STORE_UNAVAILABLE
+            assert refused.detail is not None and "1 claim(s) withdrawn" in refused.detail
+        finally:
+            await healthy.close()
+            await short.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert pair.replica.info()["role"] == "slave"

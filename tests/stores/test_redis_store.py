@@ -260,11 +260,6 @@ class _Raising:
     def pipeline(self, transaction: bool = False) -> Any:
         raise self.exc
 
-    def register_script(self, text: bytes) -> Any:  # local: computes the SHA-1 only
-        from redis.commands.core import Script
-
-        return Script(self, text)  # type: ignore[arg-type]
-
 
 def _driver_exception_classes() -> list[type[BaseException]]:
     from redis.exceptions import RedisClusterException, RedisError
@@ -459,8 +454,9 @@ def test_create_many_is_one_round_trip_per_500_scopes(rstore: RedisStore, raw: A
 # -- the hot path's per-thread connections ------------------------------------------------
 def _connection_id(store: RedisStore) -> int:
     """The server's id of this thread's held connection (the one the scripts use)."""
-    assert store._direct is not None
-    return int(store._direct.execute("CLIENT", "ID"))
+    direct = store._transport.direct
+    assert direct is not None
+    return int(direct.execute("CLIENT", "ID"))
 
 
 def test_each_thread_keeps_one_connection_of_its_own(rstore: RedisStore) -> None:
@@ -547,7 +543,7 @@ def test_green_threads_keep_the_pooled_client(
     monkeypatch.setitem(sys.modules, module, stand_in)
     store = RedisStore(REDIS_URL, prefix=f"rt_{uuid.uuid4().hex[:10]}")
     try:
-        assert store._direct is None
+        assert store._transport.direct is None
         assert claim(store).created  # and the client path works as ever
     finally:
         store.drop_schema()
@@ -559,9 +555,9 @@ def test_only_plain_pools_get_held_connections() -> None:
     plain = redis.Redis.from_url(REDIS_URL)
     blocking = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(REDIS_URL))
     try:
-        assert RedisStore(plain, prefix="held")._direct is not None
-        assert RedisStore(blocking, prefix="held")._direct is None  # the pool manages them
-        assert RedisStore("redis+cluster://127.0.0.1:1", prefix="held")._direct is None
+        assert RedisStore(plain, prefix="held")._transport.direct is not None
+        assert RedisStore(blocking, prefix="held")._transport.direct is None  # the pool's own
+        assert RedisStore("redis+cluster://127.0.0.1:1", prefix="held")._transport.direct is None
     finally:
         plain.close()
         blocking.close()

@@ -971,3 +971,35 @@ def test_unique_prefixes_do_not_leak_tables(kind: str, tmp_path: Path) -> None:
     names = sa.inspect(store.engine).get_table_names()
     assert not [n for n in names if n.startswith(store.table_prefix)]
     store.close()
+
+
+# -- prepared statements (PgBouncer in transaction mode) ---------------------------------------
+def _named_prepared(store: SQLStore) -> int:
+    dbapi = store._raw._idle[-1].dbapi
+    row = dbapi.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("given", ["url", "engine"])
+@pytest.mark.parametrize("prepare", [True, False])
+def test_prepare_false_sends_no_named_prepared_statements(given: str, prepare: bool) -> None:
+    """``prepare=False`` sends nothing named to prepare, however often a statement runs,
+    on an engine the store built and on one passed in; the default prepares them."""
+    require("postgres")
+    engine = sa.create_engine(POSTGRES_URL) if given == "engine" else None
+    store = SQLStore(engine or POSTGRES_URL, table_prefix=unique_prefix("pp"), pool_size=1,
+                     prepare=prepare)
+    store.create_schema()
+    try:
+        for i in range(8):
+            s = Scope("acme", "op", f"k-{i}")
+            assert claim(store, s)
+            assert store.get(s) is not None
+        named = _named_prepared(store)
+        assert (named > 0) if prepare else (named == 0), named
+    finally:
+        store.drop_schema()
+        store.close()
+        if engine is not None:
+            engine.dispose()

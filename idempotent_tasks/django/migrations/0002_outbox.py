@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 
 from django.db import migrations
 
-from ...outbox import ddl
-from ...outbox._schema import sent_table_name, table_name
+from ...outbox import ddl, sent_table_name, table_name
 from .._schema import PREFIX
 
 

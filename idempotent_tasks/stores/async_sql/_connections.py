@@ -3,12 +3,13 @@
 ``psycopg_pool.AsyncConnectionPool`` connects, reconnects and replaces connections; its
 checkout and return (locks, a condition, statistics, logging) cost more than a statement on
 loopback, so — like SQLStore's raw free list — a connection stays checked out between calls
-here, as a :class:`~._wire.Wire` (its socket registered with the loop).  At most ``size``
+here, as a :class:`~._transports.Held` (the same holds for asyncpg's pool).  At most ``size``
 are out of the pool at once; a call that finds none idle and the limit reached waits, first
 come first served, for the next one released (up to ``timeout`` seconds, then
 ``TimeoutError``: the store fails closed).  A released connection goes straight to the
-oldest waiter, never back into a pool nobody asks; one found broken while idle (the server
-closed it) is discarded instead of being handed out.
+oldest waiter, never back into a pool nobody asks; one the driver knows to be closed (asyncpg
+reads the server's goodbye while idle; psycopg learns it on the next statement) is discarded
+instead of being handed out.
 """
 
 from __future__ import annotations
@@ -19,40 +20,45 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ._wire import Wire
+from ..sql.protocol import acheck_synchronous_replication
 
-_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+if TYPE_CHECKING:
+    from ._transports import AsyncpgTransport, Held, PsycopgTransport
 
 
 class Connections:
-    """LIFO reuse of at most ``size`` pool connections (as wires), with FIFO waiters."""
+    """LIFO reuse of at most ``size`` pool connections, with FIFO waiters."""
 
     def __init__(
-        self, get_pool: Callable[[], Awaitable[Any]], size: int, timeout: float
+        self, transport: PsycopgTransport | AsyncpgTransport,
+        get_pool: Callable[[], Awaitable[Any]], size: int, timeout: float, *,
+        check: bool = False,
     ) -> None:
+        self._transport = transport
+        #: ``require_synchronous_replication``: each connection from the pool is checked.
+        self._check = check
         self._get_pool = get_pool
         self._size = size
         self._timeout = timeout
-        self._idle: deque[Wire] = deque()
+        self._idle: deque[Held] = deque()
         #: Calls waiting for a connection, oldest first, each with its deadline (loop time).
-        self._waiters: deque[tuple[asyncio.Future[Wire], float]] = deque()
+        self._waiters: deque[tuple[asyncio.Future[Held], float]] = deque()
         #: One timer for every waiter: on the oldest one's deadline (not one per waiter).
         self._expiry: asyncio.TimerHandle | None = None
         self._out = 0  # connections checked out of the pool (idle here or in use)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def acquire(self) -> Wire:
+    async def acquire(self) -> Held:
         idle = self._idle
         while idle:
-            wire = idle.pop()
-            if not wire.broken:
-                return wire
-            await self.discard(wire)  # the server closed it while it was idle
+            held = idle.pop()
+            if self._transport.usable(held.conn):
+                return held
+            await self.discard(held)  # the server closed it while it was idle
         if self._out < self._size:
             return await self._from_pool()
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Wire] = loop.create_future()
+        waiter: asyncio.Future[Held] = loop.create_future()
         deadline = loop.time() + self._timeout
         self._waiters.append((waiter, deadline))
         if self._expiry is None:
@@ -81,7 +87,7 @@ class Connections:
         if waiters:
             self._expiry = loop.call_at(waiters[0][1], self._expire, loop)
 
-    def _next_waiter(self) -> asyncio.Future[Wire] | None:
+    def _next_waiter(self) -> asyncio.Future[Held] | None:
         """The oldest call still waiting for a connection, taken off the queue."""
         waiters = self._waiters
         while waiters:
@@ -90,74 +96,68 @@ class Connections:
                 return waiter
         return None
 
-    async def _from_pool(self) -> Wire:
-        from ._wire import Wire
-
+    async def _from_pool(self) -> Held:
         self._out += 1
         try:
-            pool = await self._get_pool()
-            conn = await pool.getconn()
+            held = await self._transport.hold(await self._get_pool())
         except BaseException:
             self._out -= 1
             raise
-        try:
-            return Wire(conn, asyncio.get_running_loop())
-        except BaseException:
-            await self._give_back(conn)
-            self._out -= 1
-            raise
+        if self._check:
+            try:
+                await acheck_synchronous_replication(held.conn)
+            except BaseException:
+                self.release(held)
+                raise
+        return held
 
-    def release(self, wire: Wire) -> None:
+    def release(self, held: Held) -> None:
         """A connection the caller is done with: to the oldest waiter, else idle; one whose
         state is unusable goes back to the pool (which replaces it)."""
-        conn = wire.conn
-        if wire.broken or conn.closed or conn.info.transaction_status != _IDLE:
-            self._spawn(self.discard(wire))
+        if not self._transport.usable(held.conn):
+            self._spawn(self.discard(held))
             return
-        wire.attach()
         waiter = self._next_waiter()
         if waiter is not None:
-            waiter.set_result(wire)
+            waiter.set_result(held)
         else:
-            self._idle.append(wire)
+            self._idle.append(held)
 
-    async def discard(self, wire: Wire) -> None:
+    async def discard(self, held: Held) -> None:
         """Close a connection whose state is unknown and give it back to the pool; a waiter,
         if any, gets a fresh one from the pool."""
-        wire.detach()
         with contextlib.suppress(Exception):
-            await wire.conn.close()
-        await self._give_back(wire.conn)
+            await self._transport.close(held.conn)
+        await self._give_back(held.conn)
         self._out -= 1
         if self._waiters:
             self._spawn(self._refill())
 
     async def _refill(self) -> None:
         try:
-            wire = await self._from_pool()
+            held = await self._from_pool()
         except Exception as exc:
             waiter = self._next_waiter()
             if waiter is not None:
                 waiter.set_exception(exc)
             return
-        self.release(wire)
+        self.release(held)
 
     async def drain(self) -> None:
         """Close every idle connection (they died with one that was lost) and let the pool
         replace its own."""
         idle, self._idle = self._idle, deque()
-        for wire in idle:
-            await self.discard(wire)
+        for held in idle:
+            await self.discard(held)
         pool = await self._get_pool()
         with contextlib.suppress(Exception):
-            await pool.drain()
+            await self._transport.drain(pool)
 
     async def close(self) -> None:
         """Give every idle connection back; waiters fail."""
         idle, self._idle = self._idle, deque()
-        for wire in idle:
-            wire.detach()
-            await self._give_back(wire.conn)
+        for held in idle:
+            await self._give_back(held.conn)
             self._out -= 1
         while (waiter := self._next_waiter()) is not None:
             waiter.set_exception(TimeoutError("the store was closed"))
@@ -167,8 +167,7 @@ class Connections:
 
     async def _give_back(self, conn: Any) -> None:
         with contextlib.suppress(Exception):  # best effort: the pool replaces what it cannot use
-            pool = await self._get_pool()
-            await pool.putconn(conn)
+            await self._transport.give_back(await self._get_pool(), conn)
 
     def _spawn(self, step: Awaitable[None]) -> None:
         task = asyncio.ensure_future(step)

@@ -1,88 +1,75 @@
-"""AsyncSQLStore's plumbing: the psycopg async pool, the statements' deadline, error
-translation, and the SQL text (taken from SQLStore's own statement builders)."""
+"""AsyncSQLStore's plumbing: choosing the transport, the held connections, the statements'
+deadline, error translation, and the schema (SQLStore's migration on a worker thread)."""
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from ..._core.errors import ConfigurationError, IdempotencyError
-from ..sql import _statements as q
-from ..sql._connections import _break_connection
-from ..sql._errors import translate
-from ..sql._plumbing import (
+from ..sql.protocol import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE,
     DEFAULT_SOCKET_TIMEOUT,
-    _check_options,
+    DEFAULT_TABLE_PREFIX,
+    Plan,
+    check_options,
+    postgres_plans,
+    translate,
 )
-from ..sql._postgres import PostgresOps
-from ..sql._schema import DEFAULT_TABLE_PREFIX
 from ._connections import Connections
+from ._deadline import Watchdog
+from ._transports import AsyncpgTransport, Held, PsycopgTransport
 
-if TYPE_CHECKING:
-    from psycopg_pool import AsyncConnectionPool
-
-    from ._wire import Watchdog, Wire
-
-INSTALL_HINT: Final = (
-    "AsyncSQLStore needs psycopg 3 and psycopg_pool: pip install 'idempotent-tasks[postgres]'"
-)
-_PG_DRIVERS: Final = frozenset({"postgresql", "postgres", "postgresql+psycopg"})
+#: The driver behind a plain ``postgresql://`` URL (the faster one, see docs/performance.md).
+DEFAULT_DRIVER: Final = "asyncpg"
+_DRIVERS: Final = {
+    "postgresql": None, "postgres": None,
+    "postgresql+psycopg": "psycopg", "postgresql+asyncpg": "asyncpg",
+}
+_HINTS: Final = {
+    "psycopg": "AsyncSQLStore on psycopg needs psycopg 3 and psycopg_pool: "
+    "pip install 'idempotent-tasks[postgres]'",
+    "asyncpg": "AsyncSQLStore on asyncpg needs asyncpg: pip install 'idempotent-tasks[asyncpg]'",
+}
 _T = TypeVar("_T")
 
 
-class _Deadline:
-    """Breaks the connection of a statement that outlived its deadline (a silent link):
-    the awaited call then fails at once and the store fails closed, like SQLStore's
-    watchdog thread — here a timer on the loop, no thread."""
-
-    __slots__ = ("fired", "handle")
-
-    def __init__(self, conn: Any, timeout: float) -> None:
-        self.fired = False
-        self.handle = asyncio.get_running_loop().call_later(timeout, self._fire, conn)
-
-    def _fire(self, conn: Any) -> None:
-        self.fired = True
-        _break_connection(conn)
-
-
-def conninfo_of(url: str) -> str:
-    """libpq's URL for a SQLAlchemy-style ``postgresql+psycopg://`` URL (the same strings
-    SQLStore takes)."""
+def parse_url(url: str) -> tuple[str, str]:
+    """The driver a URL selects, and the libpq-style URL both drivers take."""
     import sqlalchemy as sa
     from sqlalchemy import exc as sa_exc
 
+    if not isinstance(url, str):
+        raise ConfigurationError("AsyncSQLStore takes a postgresql+asyncpg:// or "
+                                 "postgresql+psycopg:// URL")
     try:
         parsed = sa.make_url(url)
     except (sa_exc.ArgumentError, ValueError, TypeError) as exc:
         raise ConfigurationError(f"invalid AsyncSQLStore URL: {exc}") from exc
-    if parsed.drivername not in _PG_DRIVERS:
+    if parsed.drivername not in _DRIVERS:
         raise ConfigurationError(
-            f"AsyncSQLStore supports PostgreSQL through psycopg 3 (postgresql+psycopg://), not "
-            f"{parsed.drivername!r}; SQLite stays on SQLStore"
+            "AsyncSQLStore supports PostgreSQL through asyncpg (postgresql+asyncpg://) or "
+            f"psycopg 3 (postgresql+psycopg://), not {parsed.drivername!r}; SQLite stays on "
+            "SQLStore"
         )
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    driver = _DRIVERS[parsed.drivername] or _installed_default()
+    return driver, parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def _quoted(prefix: str) -> tuple[str, str, str, str]:
-    from sqlalchemy.dialects import postgresql
+def _installed_default() -> str:
+    """``DEFAULT_DRIVER``, or the other one when only that one is installed."""
+    import importlib.util
 
-    quote = postgresql.dialect().identifier_preparer.quote  # type: ignore[no-untyped-call]
-    names = ("records", "retry_counters", "locks", "fencing_seq")
-    r, c, lk, seq = (quote(f"{prefix}_{t}") for t in names)
-    return r, c, lk, seq
+    if importlib.util.find_spec(DEFAULT_DRIVER) is not None:
+        return DEFAULT_DRIVER
+    return "psycopg" if DEFAULT_DRIVER == "asyncpg" else "asyncpg"
 
 
 class AsyncSQLPlumbing:
     """Everything of AsyncSQLStore but its primitives (see the package docstring)."""
 
     name = "postgresql"
-    #: The engine awaits this store's methods on the event loop (no thread hop).
-    is_async = True
 
     def __init__(
         self,
@@ -92,38 +79,43 @@ class AsyncSQLPlumbing:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_size: int = DEFAULT_POOL_SIZE,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
+        prepare: bool = True,
+        require_synchronous_replication: bool = False,
     ) -> None:
-        _check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
-        try:
-            import psycopg
-            import psycopg_pool  # noqa: F401  (checked here: the pool is built on first use)
-        except ImportError as exc:  # pragma: no cover - exercised only without the extra
-            raise ConfigurationError(INSTALL_HINT) from exc
-        if not isinstance(url, str):
-            raise ConfigurationError("AsyncSQLStore takes a postgresql+psycopg:// URL")
+        check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
+        #: Every connection taken from the pool checks that commits wait for a standby.
+        self._replication_check = require_synchronous_replication
+        self.driver, conninfo = parse_url(url)
         self._url = url
-        self._conninfo = conninfo_of(url)
         self.table_prefix = table_prefix
+        self.prepare = bool(prepare)
         self._connect_timeout = float(connect_timeout)
         self._pool_size = pool_size
         self._socket_timeout = socket_timeout
-        r, c, lk, seq = _quoted(table_prefix)
-        self._common = q.Common(r, c, lk, q.pyformat)
-        self._ops = PostgresOps(r, c, seq)
-        self._errors: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
-        self._lost_types: tuple[type[BaseException], ...] = (
-            psycopg.OperationalError, psycopg.InterfaceError
-        )
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._opening: asyncio.Task[AsyncConnectionPool[Any]] | None = None
+        self._plans = postgres_plans(table_prefix)
+        self._common = self._plans.common
+        kind = PsycopgTransport if self.driver == "psycopg" else AsyncpgTransport
+        try:
+            self._transport: PsycopgTransport | AsyncpgTransport = kind(
+                conninfo, pool_size=pool_size, timeout=self._connect_timeout,
+                prepare=self.prepare, name=f"idempotent-tasks-{table_prefix}",
+            )
+        except ImportError as exc:  # pragma: no cover - exercised only without the extra
+            raise ConfigurationError(_HINTS[self.driver]) from exc
+        self._errors = self._transport.errors
+        self._lost_types = self._transport.lost
+        self._pool: Any = None
+        self._opening: asyncio.Task[Any] | None = None
         #: The pool's connections, kept checked out and reused LIFO (``_connections.py``).
-        self._conns = Connections(self._get_pool, pool_size, self._connect_timeout)
-        #: The statements' deadline: one timer on the oldest in flight (``_wire.py``).
-        self._watchdog: Watchdog | None = None
-        if socket_timeout is not None:
-            from ._wire import Watchdog
+        self._conns = self._new_connections()
+        #: The statements' deadline: one timer on the oldest in flight (``_deadline.py``).
+        self._watchdog = (
+            None if socket_timeout is None else Watchdog(socket_timeout, self._transport.break_)
+        )
 
-            self._watchdog = Watchdog(socket_timeout)
+    def _new_connections(self) -> Connections:
+        return Connections(self._transport, self._get_pool, self._pool_size,
+                           self._connect_timeout, check=self._replication_check)
 
     def __repr__(self) -> str:
         import sqlalchemy as sa
@@ -132,7 +124,7 @@ class AsyncSQLPlumbing:
         return f"AsyncSQLStore({shown!r}, table_prefix={self.table_prefix!r})"
 
     # -- the pool -------------------------------------------------------------------------
-    async def _get_pool(self) -> AsyncConnectionPool[Any]:
+    async def _get_pool(self) -> Any:
         """The pool, opened on first use (the constructor never connects); concurrent first
         calls share one opening."""
         pool = self._pool
@@ -148,78 +140,58 @@ class AsyncSQLPlumbing:
                 self._opening = None
             raise
 
-    async def _open(self) -> AsyncConnectionPool[Any]:
-        from psycopg_pool import AsyncConnectionPool
+    async def _open(self) -> Any:
+        self._pool = await self._transport.open_pool()
+        return self._pool
 
-        connect = {"autocommit": True, "connect_timeout": max(1, math.ceil(self._connect_timeout))}
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            self._conninfo, min_size=1, max_size=self._pool_size, open=False,
-            timeout=self._connect_timeout, name=f"idempotent-tasks-{self.table_prefix}",
-            kwargs=connect,
-        )
-        await pool.open(wait=False)
-        self._pool = pool
-        return pool
-
-    # -- running statements ---------------------------------------------------------------
+    # -- running plans --------------------------------------------------------------------
     def _failure(self, what: str, exc: BaseException) -> IdempotencyError:
         return translate(self.name, self.table_prefix, what, exc)
 
-    async def _acquire(self, what: str) -> Wire:
+    async def _acquire(self, what: str) -> Held:
         """An idle autocommit connection (``_connections.Connections``), translated errors."""
         try:
             return await self._conns.acquire()
         except self._errors as exc:
             raise self._failure(what, exc) from exc
 
-    def _release(self, wire: Wire) -> None:
-        self._conns.release(wire)
+    def _release(self, held: Held) -> None:
+        self._conns.release(held)
 
-    async def _run(
-        self, what: str, fn: Callable[..., Awaitable[_T]], *args: Any
-    ) -> _T:
-        """``await fn(wire, *args)`` on an idle autocommit connection, under the deadline;
-        driver errors translated (a missing schema → ConfigurationError, the rest →
-        STORE_UNAVAILABLE)."""
-        wire = await self._acquire(what)
+    async def _execute(self, what: str, plan: Plan[_T]) -> _T:
+        """Run a primitive's plan (``protocol.py``) on an idle autocommit connection, under
+        the deadline; driver errors translated (a missing schema → ConfigurationError, the
+        rest → STORE_UNAVAILABLE)."""
+        held = await self._acquire(what)
         watchdog = self._watchdog
         if watchdog is not None:
-            watchdog.start(wire)
+            watchdog.start(held)
         try:
-            result = await fn(wire, *args)
+            result = await self._transport.run(held, plan)
         except self._errors as exc:
-            if isinstance(exc, self._lost_types) or wire.fired:
-                await self._discard(wire, lost=True)
+            if isinstance(exc, self._lost_types) or held.fired:
+                await self._discard(held, lost=True)
             else:  # e.g. a missing table: the autocommit connection is idle and reusable
-                self._release(wire)
+                self._release(held)
             raise self._failure(what, exc) from exc
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
-            await self._discard(wire, lost=False)
+            await self._discard(held, lost=False)
             raise
         finally:
             if watchdog is not None:
-                watchdog.stop(wire)
-        if wire.fired:  # answered just as the deadline broke it
-            await self._discard(wire, lost=False)
+                watchdog.stop(held)
+        if held.fired:  # answered just as the deadline broke it
+            await self._discard(held, lost=False)
         else:
-            self._release(wire)
+            self._release(held)
         return result
 
-    async def _discard(self, wire: Wire, *, lost: bool) -> None:
+    async def _discard(self, held: Held, *, lost: bool) -> None:
         """Close a connection whose state is unknown; on a lost one (the server restarted,
         the link died) replace every idle connection too, since they died with it."""
-        await self._conns.discard(wire)
+        await self._conns.discard(held)
         if lost:
             await self._conns.drain()
-
-    async def _rowcount(self, what: str, sql: str, params: Mapping[str, Any]) -> int:
-        return await self._run(what, rowcount, sql, params)
-
-    async def _one(self, what: str, sql: str, params: Mapping[str, Any]) -> Any:
-        return await self._run(what, one, sql, params)
-
-    async def _all(self, what: str, sql: str, params: Mapping[str, Any] | None) -> list[Any]:
-        return await self._run(what, rows, sql, params)
 
     # -- schema (a one-off admin call, on a worker thread) --------------------------------
     async def create_schema(self) -> None:
@@ -234,11 +206,15 @@ class AsyncSQLPlumbing:
         await asyncio.to_thread(self._sync_schema, "drop_schema")
 
     def _sync_schema(self, action: str) -> None:
+        import sqlalchemy as sa
+
         from ..sql import SQLStore
 
+        parsed = sa.make_url(self._url).set(drivername="postgresql+psycopg")
+        url = parsed.render_as_string(hide_password=False)
         twin = SQLStore(
-            self._url, table_prefix=self.table_prefix, connect_timeout=self._connect_timeout,
-            pool_size=1, socket_timeout=self._socket_timeout,
+            url, table_prefix=self.table_prefix, connect_timeout=self._connect_timeout,
+            pool_size=1, socket_timeout=self._socket_timeout, prepare=self.prepare,
         )
         try:
             getattr(twin, action)()
@@ -251,21 +227,7 @@ class AsyncSQLPlumbing:
             self._watchdog.cancel()
         if self._pool is not None:
             await self._conns.close()
-        self._conns = Connections(self._get_pool, self._pool_size, self._connect_timeout)
+        self._conns = self._new_connections()
         pool, self._pool, self._opening = self._pool, None, None
         if pool is not None:
-            await pool.close()
-
-
-async def one(wire: Wire, sql: str, params: Mapping[str, Any]) -> Any:
-    """First row or None."""
-    found = wire.rows(await wire.execute(sql, params))
-    return found[0] if found else None
-
-
-async def rows(wire: Wire, sql: str, params: Mapping[str, Any] | None) -> list[Any]:
-    return wire.rows(await wire.execute(sql, params))
-
-
-async def rowcount(wire: Wire, sql: str, params: Mapping[str, Any]) -> int:
-    return int((await wire.execute(sql, params)).command_tuples or 0)
+            await self._transport.close_pool(pool)

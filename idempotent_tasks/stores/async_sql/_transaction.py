@@ -1,8 +1,9 @@
 """AsyncSQLStore's body transactions: ``run_async(transactional=True)``.
 
-The body gets a ``psycopg.AsyncConnection`` with a transaction begun (``BEGIN`` on an
-autocommit connection, so the server transaction is open before the body runs); the
-conditional SUCCESS update runs inside it and both commit together, exactly like
+The body gets the driver's connection (a ``psycopg.AsyncConnection``, or an asyncpg
+connection) with a transaction begun (``BEGIN`` on an autocommit connection, so the server
+transaction is open before the body runs); the conditional SUCCESS update (the protocol's
+``mark_success`` plan) runs inside it and both commit together, exactly like
 ``SQLStore.body_transaction`` on the sync path.  A body that commits or rolls back the
 transaction itself leaves the connection idle: ``is_intact`` sees it and the engine poisons
 the scope.  The library's own statements here run under the store's deadline.
@@ -11,14 +12,13 @@ the scope.  The library's own statements here run under the store's deadline.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
-from ..._core.errors import ConfigurationError
 from ..._core.records import Scope
-from ..sql import _statements as q
-from ._connections import _IDLE
-from ._plumbing import AsyncSQLPlumbing, _Deadline
+from ..sql.protocol import check_intact
+from ._plumbing import AsyncSQLPlumbing
+from ._transports import Held
 
 _T = TypeVar("_T")
 
@@ -26,43 +26,38 @@ _T = TypeVar("_T")
 class AsyncSQLBodyTransaction:
     """One open transaction for a transactional coroutine body."""
 
-    def __init__(self, store: AsyncSQLTransactions, connection: Any) -> None:
-        #: What the body receives: the ``psycopg.AsyncConnection`` inside the transaction.
-        self.connection = connection
+    def __init__(self, store: AsyncSQLTransactions, held: Held) -> None:
+        #: What the body receives: the driver's connection inside the transaction.
+        self.connection = held.conn
+        self._held = held
         self._store = store
         self.finished = False
 
     async def mark_success(
         self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
     ) -> bool:
-        """Conditional on PROCESSING + our token; refuses to run outside our transaction, so
-        a success can never be committed apart from the body's writes."""
-        if not self.is_intact():
-            raise ConfigurationError(
-                "the body committed or rolled back the idempotency transaction itself",
-                tenant=scope.tenant, operation=scope.operation, key=scope.key,
-            )
-        params = q.scope_params(scope)
-        params.update(token=token, response=response, now=now, expires_at=expires_at)
-        cur = await self._guarded("mark_success", self.connection.execute(
-            self._store._common.mark_success, params
-        ))
-        return int(cur.rowcount) == 1
+        """Conditional on PROCESSING + our token (see ``SQLStore.body_transaction``)."""
+        check_intact(self.is_intact(), scope)
+        store = self._store
+        plan = store._plans.mark_success(
+            scope, token=token, response=response, now=now, expires_at=expires_at
+        )
+        done: bool = await store._guarded(
+            "mark_success", self._held, lambda: store._transport.run(self._held, plan)
+        )
+        return done
 
     def is_intact(self) -> bool:
-        return not self.finished and self.connection.info.transaction_status != _IDLE
+        return not self.finished and self._store._transport.in_transaction(self.connection)
 
     async def commit(self) -> None:
-        await self._guarded("commit", self.connection.execute("COMMIT"))
+        await self._store._command("commit", self._held, "COMMIT")
         self.finished = True
 
     async def rollback(self) -> None:
-        if self.connection.info.transaction_status != _IDLE:
-            await self._guarded("rollback", self.connection.execute("ROLLBACK"))
+        if self._store._transport.in_transaction(self.connection):
+            await self._store._command("rollback", self._held, "ROLLBACK")
         self.finished = True
-
-    async def _guarded(self, what: str, step: Awaitable[_T]) -> _T:
-        return await self._store._guarded(what, self.connection, step)
 
 
 class AsyncSQLTransactions(AsyncSQLPlumbing):
@@ -72,32 +67,37 @@ class AsyncSQLTransactions(AsyncSQLPlumbing):
     async def body_transaction(self) -> AsyncIterator[AsyncSQLBodyTransaction]:
         """A connection with a transaction begun; rolled back unless committed; the
         connection always goes back to the pool (closed if its state is unknown)."""
-        wire = await self._acquire("body_transaction")
-        wire.detach()  # psycopg's own waits drive this connection until it is released
-        conn = wire.conn
-        tx = AsyncSQLBodyTransaction(self, conn)
+        held = await self._acquire("body_transaction")
+        tx = AsyncSQLBodyTransaction(self, held)
         intact = False
         try:
-            await self._guarded("body_transaction", conn, conn.execute("BEGIN"))
+            await self._command("body_transaction", held, "BEGIN")
             yield tx
-            if conn.info.transaction_status != _IDLE:
-                await self._guarded("rollback", conn, conn.execute("ROLLBACK"))
-            intact = True
+            if self._transport.in_transaction(held.conn):
+                await self._command("rollback", held, "ROLLBACK")
+            intact = not held.fired
         finally:
             if intact:
-                self._release(wire)  # registered with the loop again
+                self._release(held)
             else:
-                await self._discard(wire, lost=False)
+                await self._discard(held, lost=False)
 
-    async def _guarded(self, what: str, conn: Any, step: Awaitable[_T]) -> _T:
+    async def _command(self, what: str, held: Held, sql: str) -> None:
+        await self._guarded(what, held, lambda: self._transport.command(held.conn, sql))
+
+    async def _guarded(self, what: str, held: Held, step: Callable[[], Awaitable[_T]]) -> _T:
         """One of the library's statements in a body transaction: under the deadline, its
         driver errors translated."""
-        timeout = self._socket_timeout
-        deadline = None if timeout is None else _Deadline(conn, timeout)
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.start(held)
         try:
-            return await step
+            return await step()
         except self._errors as exc:
             raise self._failure(what, exc) from exc
         finally:
-            if deadline is not None:
-                deadline.handle.cancel()
+            if watchdog is not None:
+                watchdog.stop(held)
+
+
+__all__ = ["AsyncSQLBodyTransaction", "AsyncSQLTransactions"]

@@ -1,4 +1,11 @@
-"""Redis store: records and retry counters in Redis, every state change one Lua script.
+"""Redis stores: records and retry counters in Redis, every state change one Lua script.
+
+:class:`RedisStore` (blocking) and :class:`AsyncRedisStore` (``redis.asyncio``, see
+:mod:`idempotent_tasks.stores.async_redis`) are one protocol (``_protocol``: keys, which
+script each primitive runs with which arguments, reply parsing, multi-step primitives as
+plans of commands) on two transports (``_transport``) over redis-py's documented client API;
+they share records, keys and scripts, so sync workers and async web processes may use one
+Redis together.
 
 * Guarantee: every primitive of the store contract (``stores/base.py``) is one atomic
   ``EVALSHA`` of a script shipped in ``stores/redis/lua/``; ``create`` returns the existing
@@ -57,13 +64,20 @@
   released scope's counter ``gc_ttl`` from its last change.  **gc_ttl must exceed the
   handler's ``ttl``** (the counter must live at least ``ttl`` after its last change) and
   its ``lease_timeout``; the default is 7 days.
-* Configuration: a bad prefix, timeout or ``gc_ttl`` raises
-  :class:`~idempotent_tasks.ConfigurationError`; driver errors become
-  :class:`~idempotent_tasks.StoreUnavailableError`.
+* Round trips: one per claim and one per completion; a batch is one pipeline.  The blocking
+  transport keeps one connection per thread for a standalone client with a plain pool
+  (``_direct``: redis-py's own connection class, ``send_command`` / ``read_response``,
+  without the pool's checkout per command); other clients are used as they are.
+* Failures: bounded connect and socket timeouts and no automatic retries (a retried write
+  could report a stale outcome; the handler has its own bounded retry).  Every driver error
+  becomes :class:`~idempotent_tasks.StoreUnavailableError` at the transport, before the
+  body runs (fail closed); a bad prefix, timeout or ``gc_ttl`` raises
+  :class:`~idempotent_tasks.ConfigurationError`.  Constructors never connect.
 * URL: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS, ``unix://`` for a
   socket); ``redis+cluster://host:port`` for Redis Cluster (the cluster client is built on
-  first use).  Or pass a ``redis.Redis`` / ``redis.cluster.RedisCluster`` client (it is used
-  as is: disable its automatic retries, since a retried write may report a stale outcome).
+  first use).  Or pass a ``redis.Redis`` / ``redis.cluster.RedisCluster`` client, or a
+  Sentinel's ``master_for(...)`` client (each is used as is: disable its automatic retries,
+  since a retried write may report a stale outcome).
   Needs ``pip install 'idempotent-tasks[redis]'``.
 """
 
@@ -71,6 +85,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._async_store import DEFAULT_MAX_CONNECTIONS, AsyncRedisStore
 from ._client import (
     CLUSTER_SCHEME,
     DEFAULT_CONNECT_TIMEOUT,
@@ -88,6 +103,7 @@ from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._store import CLAIM_CHUNK, RedisStore
 
 if TYPE_CHECKING:
+    from ._client import AsyncClient as AsyncClient
     from ._client import Client as Client
 
 __all__ = [
@@ -95,12 +111,14 @@ __all__ = [
     "CLUSTER_SCHEME",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_GC_TTL",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_PREFIX",
     "DEFAULT_SOCKET_TIMEOUT",
     "DEFAULT_WAIT_TIMEOUT",
     "DIGEST_DIGITS",
     "INSTALL_HINT",
     "SHARD_DIGITS",
+    "AsyncRedisStore",
     "RedisStore",
     "build_client",
     "command",

@@ -1,23 +1,27 @@
-"""RedisStore's client side: importing redis-py, building clients, the scripts' text, and
-the translation of driver errors (also used by :mod:`idempotent_tasks.caches.redis`)."""
+"""The Redis stores' client side: importing redis-py, building its clients (sync and
+``redis.asyncio``, standalone and Cluster) with bounded timeouts and no automatic retries, the
+scripts' text and digests, the options check, and the translation of driver errors (also used
+by :mod:`idempotent_tasks.caches.redis`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import hashlib
 from functools import cache
 from importlib import resources
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-from ..._core.errors import IdempotencyError, StoreUnavailableError
+from ..._core.errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from ..._core.records import Scope
 
 if TYPE_CHECKING:
     import redis
+    import redis.asyncio
+    import redis.asyncio.cluster
     import redis.cluster
-    from redis.commands.core import Script
 
     Client: TypeAlias = redis.Redis | redis.cluster.RedisCluster
+    AsyncClient: TypeAlias = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 DEFAULT_PREFIX: Final = "idem"
 DEFAULT_CONNECT_TIMEOUT: Final = 5.0
@@ -28,6 +32,23 @@ CLUSTER_SCHEME: Final = "redis+cluster://"
 INSTALL_HINT: Final = "the redis extra is not installed: pip install 'idempotent-tasks[redis]'"
 #: The package whose ``lua/`` folder holds the scripts.
 _SCRIPTS_PACKAGE: Final = "idempotent_tasks.stores.redis"
+#: Every script the stores run (``lua/<name>.lua``), in the order ``create_schema`` loads them.
+SCRIPTS: Final = (
+    "claim",
+    "claim_many",
+    "take_over",
+    "heartbeat",
+    "mark_success",
+    "mark_failed",
+    "record_failure",
+    "release",
+    "delete_record",
+    "reset_retry_count",
+    "purge_shard",
+    "prune_processing",
+    "acquire_lock",
+    "release_lock",
+)
 
 
 def import_redis() -> ModuleType:
@@ -54,6 +75,37 @@ def driver_errors() -> tuple[type[BaseException], ...]:
 def script_text(name: str) -> bytes:
     """The source of ``lua/<name>.lua`` (package data: works from a wheel or a zip)."""
     return resources.files(_SCRIPTS_PACKAGE).joinpath("lua", f"{name}.lua").read_bytes()
+
+
+@cache
+def script_sha(name: str) -> str:
+    """The SHA-1 ``EVALSHA`` names ``lua/<name>.lua`` by, computed here (nothing is sent)."""
+    return hashlib.sha1(script_text(name), usedforsecurity=False).hexdigest()
+
+
+def check_options(
+    prefix: str,
+    connect_timeout: float,
+    socket_timeout: float,
+    gc_ttl: float,
+    wait_replicas: int = 0,
+    wait_timeout: float = 0.0,
+) -> None:
+    """Every store option, checked before anything is built; ``wait_timeout`` must be
+    shorter than the socket timeout (else the socket would give up on the WAIT first)."""
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError("prefix must be non-empty and free of '{' and '}' (hash tags)")
+    if gc_ttl <= 0:
+        raise ConfigurationError("gc_ttl must be positive (and exceed the handler's ttl)")
+    if connect_timeout <= 0 or socket_timeout <= 0:
+        raise ConfigurationError("connect_timeout and socket_timeout must be > 0")
+    if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+        raise ConfigurationError("wait_replicas must be a whole number >= 0")
+    if wait_replicas and (not wait_timeout > 0 or wait_timeout >= socket_timeout):
+        raise ConfigurationError(
+            "wait_timeout must be > 0 and shorter than socket_timeout (the WAIT must end "
+            "before the socket gives up on it)"
+        )
 
 
 def build_client(url: str, *, connect_timeout: float, socket_timeout: float) -> Client:
@@ -83,14 +135,31 @@ def command(client: Any, *args: Any) -> Any:
     return client.execute_command(*args)
 
 
-def pipeline_eval(
-    client: Client, script: Script, calls: Iterable[tuple[Sequence[str], Sequence[Any]]]
-) -> list[Any]:
-    """One ``EVALSHA`` per call in one pipeline; errors are returned in place, not raised."""
-    pipe = client.pipeline(transaction=False)
-    for keys, args in calls:
-        command(pipe, "EVALSHA", script.sha, len(keys), *keys, *args)
-    return list(pipe.execute(raise_on_error=False))
+def build_async_client(
+    url: str, *, connect_timeout: float, socket_timeout: float, max_connections: int
+) -> AsyncClient:
+    """A ``redis.asyncio`` client for ``url`` (``redis+cluster://``: a ``RedisCluster``, which
+    connects on its first command, not here) with bounded timeouts and no automatic retries."""
+    import_redis()
+    import redis.asyncio
+    import redis.asyncio.cluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    options: dict[str, Any] = {
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": socket_timeout,
+        "decode_responses": False,
+    }
+    if url.startswith(CLUSTER_SCHEME):
+        cluster: AsyncClient = redis.asyncio.cluster.RedisCluster.from_url(
+            "redis://" + url[len(CLUSTER_SCHEME) :], max_connections=max_connections, **options
+        )
+        return cluster
+    standalone: AsyncClient = redis.asyncio.Redis.from_url(
+        url, retry=Retry(NoBackoff(), 0), max_connections=max_connections, **options
+    )
+    return standalone
 
 
 def unavailable(call: str, exc: BaseException, scope: Scope | None = None) -> IdempotencyError:

@@ -2,8 +2,8 @@
 
 A call through ``redis.Redis.execute_command`` checks a connection out of the pool (a lock
 and a readiness poll of the socket), runs the client's dispatch layer, and checks it back
-in: on this project's machine that is ~15-20 µs per command, about a tenth of a loopback
-round trip, paid twice per first delivery.  ``ThreadConnections`` keeps one
+in: a cost of its own per command, paid twice per first delivery (docs/performance.md has
+the figures).  ``ThreadConnections`` keeps one
 ``redis.Connection`` per thread instead, built from the client pool's own class and
 settings (URL, credentials, TLS, timeouts), and sends each script with
 ``send_command`` + ``read_response``.  redis-py still packs, parses, connects and
@@ -15,7 +15,9 @@ reconnects; only the per-call checkout and dispatch are skipped.
   stale outcome (the handler has its own bounded retry).
 * Threads: a connection is used by its own thread only; it is closed when its thread ends
   (the thread-local is released) or by :meth:`close`.
-* Fork: a child process never uses its parent's socket; it opens its own on first use.
+* Fork: a child process never uses its parent's socket; it opens its own on first use
+  (an ``os.register_at_fork`` hook forgets the parent's connections in the child, so no
+  call pays for a process check).
 * Not used under gevent or eventlet monkey-patching (a greenlet per task would connect once
   per task): the store then goes through the client's pool as before.
 """
@@ -36,18 +38,19 @@ class ThreadConnections:
     def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any]) -> None:
         self._class = connection_class
         self._kwargs = dict(connection_kwargs)
+        #: redis-py's health check (a PING after ``health_check_interval`` idle seconds) is
+        #: kept only when the client asked for it: otherwise it is a no-op call per command.
+        self._check_health = bool(self._kwargs.get("health_check_interval"))
         self._local = threading.local()
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
+        _watch_forks(self)
 
     def execute(self, *args: Any) -> Any:
         """Send one command on this thread's connection and return its reply (server error
         replies are raised as redis-py's ``ResponseError`` subclasses)."""
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
-            conn = self._open()
-        conn.send_command(*args)
+        conn = self._ready()
+        conn.send_packed_command(conn.pack_command(*args), check_health=self._check_health)
         return conn.read_response()
 
     def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -56,11 +59,8 @@ class ThreadConnections:
         read either way, so the connection stays in step."""
         from redis.exceptions import ResponseError
 
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
-            conn = self._open()
-        conn.send_packed_command(conn.pack_commands(commands))
+        conn = self._ready()
+        conn.send_packed_command(conn.pack_commands(commands), check_health=self._check_health)
         replies: list[Any] = []
         for _ in commands:
             try:
@@ -69,12 +69,28 @@ class ThreadConnections:
                 replies.append(exc)
         return replies
 
+    def _ready(self) -> Any:
+        """This thread's connection, fit to send on.  As redis-py's pool does at checkout: a
+        connection with something to read before we sent anything was closed by the server
+        (a restart, a dropped link) or is out of step; it is reconnected first, so the call
+        after a lost connection works instead of failing on the dead socket."""
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            return self._open()
+        try:
+            if conn.can_read():
+                conn.disconnect()
+        except (ConnectionError, TimeoutError, OSError):
+            conn.disconnect()
+        return conn
+
     def _open(self) -> Any:
         conn = self._class(**self._kwargs)
         with self._lock:
             self._all.add(conn)
         self._local.conn = conn
-        self._local.pid = os.getpid()
         return conn
 
     def close(self) -> None:
@@ -83,6 +99,34 @@ class ThreadConnections:
             conns = list(self._all)
         for conn in conns:
             conn.disconnect()
+
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's connections unused (redis-py shuts a socket
+        down only in the process that opened it), so the child opens its own."""
+        self._local = threading.local()
+        self._all = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+
+#: Every ThreadConnections of this process, for the fork hook below.
+_LIVE: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+
+
+def _watch_forks(held: ThreadConnections) -> None:
+    """Register the fork hook with the first ThreadConnections (not at import time)."""
+    if not _FORK_HOOK:
+        _FORK_HOOK.add(_after_fork_in_child)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    _LIVE.add(held)
+
+
+def _after_fork_in_child() -> None:
+    for held in list(_LIVE):
+        held._forget()
+
+
+#: The hook, once registered (``os.register_at_fork`` cannot unregister).
+_FORK_HOOK: set[object] = set()
 
 
 def thread_connections(client: Any) -> ThreadConnections | None:

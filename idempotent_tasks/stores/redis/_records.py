@@ -16,6 +16,9 @@ DIGEST_DIGITS: Final = 32
 #: A record's fields, in the order every read asks for them.
 FIELDS: Final = ("st", "rh", "rs", "tk", "ca", "ua", "le", "ea", "sc")
 _STATUS: Final = {s.value.encode(): s for s in Status}
+_PROCESSING: Final = Status.PROCESSING
+_SUCCESS: Final = Status.SUCCESS
+_CREATED: Final = CreateOutcome.CREATED
 
 
 class Shard:
@@ -41,7 +44,6 @@ class Keys:
     encoded form, which the record stores and every read compares."""
 
     __slots__ = (
-        "counter",
         "counter_index",
         "encoded",
         "finished",
@@ -57,11 +59,15 @@ class Keys:
         self.member = member = hashlib.sha256(self.encoded).hexdigest()[:DIGEST_DIGITS]
         self.shard = shard = all_shards[member[:SHARD_DIGITS]]
         self.record = f"{shard.base}{member}:r"
-        self.counter = f"{shard.base}{member}:c"
         self.processing = shard.processing
         self.finished = shard.finished
         self.counter_index = shard.counter_index
         self.tokens = shard.tokens
+
+    @property
+    def counter(self) -> str:
+        """The retry counter's key (built when asked for: a claim does not need it)."""
+        return f"{self.shard.base}{self.member}:c"
 
     def claim_keys(self) -> tuple[str, str, str, str, str, str]:
         """The six keys ``claim_many.lua`` takes per claim."""
@@ -71,41 +77,38 @@ class Keys:
         )
 
 
-def _opt(raw: bytes) -> float | None:
-    return float(raw) if raw else None
-
-
 def record(scope: Scope, v: Sequence[bytes]) -> StoredRecord:
     """A record from its fields in ``FIELDS`` order (a flat array: no dict building)."""
     status = _STATUS[v[0]]
     return StoredRecord(
-        scope=scope,
-        status=status,
-        request_hash=v[1].decode(),
-        response=v[2] if status is Status.SUCCESS else (v[2] or None),
-        fencing_token=int(v[3]),
-        created_at=float(v[4]),
-        updated_at=float(v[5]),
-        lease_expires_at=_opt(v[6]),
-        expires_at=_opt(v[7]),
+        scope,
+        status,
+        v[1].decode(),
+        v[2] if status is Status.SUCCESS else (v[2] or None),
+        int(v[3]),
+        float(v[4]),
+        float(v[5]),
+        float(v[6]) if v[6] else None,
+        float(v[7]) if v[7] else None,
     )
 
 
 def unpack(scope: Scope, raw: bytes) -> StoredRecord:
-    """A record packed by ``claim.lua`` (one bulk string: cheaper to read than an array)."""
+    """A record packed by ``claim.lua`` (one bulk string: cheaper to read than an array;
+    the replay's hot path, so the record is built positionally)."""
     st, tk, ca, ua, le, ea, n, rest = raw.split(b"\n", 7)
     status = _STATUS[st]
     cut = int(n)
     return StoredRecord(
-        scope=scope,
-        status=status,
-        request_hash=rest[:cut].decode(),
-        response=rest[cut:] if status is Status.SUCCESS else (rest[cut:] or None),
-        fencing_token=int(tk),
-        created_at=float(ca),
-        updated_at=float(ua),
-        lease_expires_at=_opt(le),
-        expires_at=_opt(ea),
+        scope,
+        status,
+        rest[:cut].decode(),
+        rest[cut:] if status is _SUCCESS else (rest[cut:] or None),
+        int(tk),
+        float(ca),
+        float(ua),
+        float(le) if le else None,
+        float(ea) if ea else None,
     )
 
 
@@ -127,10 +130,11 @@ def claim_result(
 ) -> CreateResult:
     """CREATED from our own arguments and the token the script drew (``[token]``);
     DUPLICATE from the record's fields returned by the same script call."""
-    if isinstance(item, list):
-        claimed = StoredRecord.claimed(scope, request_hash, int(item[0]), now, lease)
-        return CreateResult(CreateOutcome.CREATED, claimed)
-    if item == 0:
+    if isinstance(item, list):  # StoredRecord.claimed(...), built positionally: the hot path
+        token = int(item[0])
+        claimed = StoredRecord(scope, _PROCESSING, request_hash, None, token, now, now, lease, None)
+        return CreateResult(_CREATED, claimed)
+    if type(item) is int:  # 0: the digest is another scope's
         raise IdempotencyError(
             "redis store: scope digest collision (another scope owns this key)",
             tenant=scope.tenant,

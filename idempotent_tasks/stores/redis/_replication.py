@@ -43,13 +43,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ..._core.errors import OutcomeNotRecordedError, StoreUnavailableError
-from ._client import command
+from ._scripts import Calls, Command, Plan, checked
 
 if TYPE_CHECKING:
-    from redis.commands.core import Script
-
-    from ._client import Client
-    from ._direct import ThreadConnections
+    from ._scripts import ScriptPlans
 
 #: Default bound on one write's wait for its replicas, in seconds.
 DEFAULT_WAIT_TIMEOUT: Final = 0.5
@@ -60,118 +57,68 @@ AFTER_BODY: Final = ("mark_success", "mark_failed", "record_failure", "release")
 #: Keys per claim of ``claim_many.lua`` (record, counter, processing index, ...).
 _CLAIM_MANY_KEYS: Final = 6
 
-Calls = Sequence[tuple[Sequence[str], Sequence[Any]]]
-
 
 class ReplicaWaits:
-    """Runs a store's scripts with ``WAIT`` appended (see the module docstring)."""
+    """Judges the replies of the scripts that wait for replicas (see the module docstring)."""
 
-    def __init__(
-        self,
-        replicas: int,
-        timeout: float,
-        scripts: dict[str, Script],
-        direct: ThreadConnections | None,
-        noscript: type[Exception],
-        errors: tuple[type[BaseException], ...],
-    ) -> None:
+    def __init__(self, replicas: int, timeout: float) -> None:
         self.replicas = replicas
         self.timeout = timeout
-        self._wait = ("WAIT", replicas, max(1, round(timeout * 1000)))
-        self._names = {id(s): n for n, s in scripts.items() if n in BEFORE_BODY + AFTER_BODY}
-        self._release = scripts["release"]
-        self._direct = direct
-        self._noscript = noscript
-        self._errors = errors
+        self.names: frozenset[str] = frozenset(BEFORE_BODY + AFTER_BODY)
+        #: Sent after the script calls, in the same round trip.
+        self.wait: Command = ("WAIT", replicas, max(1, round(timeout * 1000)))
 
-    # -- running scripts ------------------------------------------------------------------
-    def covers(self, script: Script) -> bool:
-        """Is ``script`` one whose writes wait (a claim, heartbeat or outcome write)?"""
-        return id(script) in self._names
-
-    def eval(self, client: Client, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """One script and ``WAIT`` in one round trip; the script's reply once confirmed."""
-        name = self._names[id(script)]
-        replies = self._send_scripts(client, script, [(keys, args)])
-        acked = replies.pop()
-        _raise_error(acked)
-        _raise_error(replies[0])
-        if acked < self.replicas and _wrote(name, keys, replies[0]):
-            self._refuse(client, name, [(keys, args)], replies, acked)
-        return replies[0]
-
-    def eval_many(self, client: Client, script: Script, calls: Calls) -> list[Any]:
-        """Several calls of one script and one ``WAIT`` after them, in one pipeline."""
-        replies = self._send_scripts(client, script, calls)
-        acked = replies.pop()
-        for reply in (acked, *replies):
-            _raise_error(reply)
-        name = self._names[id(script)]
+    def judge(
+        self,
+        plans: ScriptPlans,
+        name: str,
+        calls: Calls,
+        commands: Sequence[Command],
+        replies: list[Any],
+    ) -> Plan[list[Any]]:
+        """The scripts' replies, from the round trip of ``commands`` (calls of script
+        ``name``) and ``WAIT``, once the replicas confirmed (or nothing was written)."""
+        replies = yield from plans.resend_missing(name, commands, [self.wait], replies)
+        acked = checked(replies.pop())
+        for reply in replies:
+            checked(reply)
         if acked < self.replicas and any(
             _wrote(name, keys, reply) for (keys, _), reply in zip(calls, replies, strict=True)
         ):
-            self._refuse(client, name, calls, replies, acked)
+            yield from self._refuse(plans, name, calls, replies, acked)
         return replies
-
-    def _send_scripts(self, client: Client, script: Script, calls: Calls) -> list[Any]:
-        """EVALSHA per call, then WAIT; calls refused with NOSCRIPT (which ran nothing) are
-        sent again, with a WAIT of their own, after the script is loaded."""
-        commands = [("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls]
-        replies = self._send(client, [*commands, self._wait])
-        missing = [i for i, r in enumerate(replies[:-1]) if isinstance(r, self._noscript)]
-        if missing:
-            script.sha = client.script_load(script.script)
-            again = self._send(client, [
-                *(("EVALSHA", script.sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                  for i in missing),
-                self._wait,
-            ])
-            for i, reply in zip(missing, again[:-1], strict=True):
-                replies[i] = reply
-            replies[-1] = again[-1]
-        return replies
-
-    def _send(self, client: Client, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """All ``commands`` on one connection in one round trip; error replies in place."""
-        if self._direct is not None:
-            return self._direct.execute_many(commands)
-        pipe = client.pipeline(transaction=False)
-        for cmd in commands:
-            command(pipe, *cmd)
-        return list(pipe.execute(raise_on_error=False))
 
     # -- a write the replicas did not confirm -----------------------------------------------
     def _refuse(
-        self, client: Client, name: str, calls: Calls, replies: Sequence[Any], acked: int
-    ) -> None:
+        self, plans: ScriptPlans, name: str, calls: Calls, replies: Sequence[Any], acked: int
+    ) -> Plan[None]:
         said = (f"redis store: {name} was not confirmed by {self.replicas} replica(s) within "
                 f"{self.timeout}s (WAIT answered {acked})")
         if name in AFTER_BODY:
             raise OutcomeNotRecordedError(
                 said + "; it was applied on the primary but is not acknowledged"
             )
-        withdrawn = self._withdraw(client, name, calls, replies)
+        withdrawn = yield from _withdraw(plans, name, calls, replies)
         raise StoreUnavailableError(
             said + (f"; {withdrawn} claim(s) withdrawn" if withdrawn else "")
             + "; the body did not run"
         )
 
-    def _withdraw(self, client: Client, name: str, calls: Calls, replies: Sequence[Any]) -> int:
-        """Release the claims this call made (each with its own token), best effort: a
-        claim left behind only costs the redelivery a lease's wait."""
-        withdrawn = 0
-        release = self._release
-        for record_key, processing, token in _claims_made(name, calls, replies):
-            keys = (record_key, processing)
-            try:
-                reply = self._send(client, [("EVALSHA", release.sha, 2, *keys, token)])[0]
-                if isinstance(reply, self._noscript):
-                    release.sha = client.script_load(release.script)
-                    reply = self._send(client, [("EVALSHA", release.sha, 2, *keys, token)])[0]
-            except self._errors:  # best effort: the outage itself is what gets reported
-                continue
-            withdrawn += int(reply == 1)
-        return withdrawn
+
+def _withdraw(plans: ScriptPlans, name: str, calls: Calls, replies: Sequence[Any]) -> Plan[int]:
+    """Release the claims this call made (each with its own token, without a WAIT), best
+    effort: a claim left behind only costs the redelivery a lease's wait."""
+    withdrawn = 0
+    for record_key, processing, token in _claims_made(name, calls, replies):
+        command = ("EVALSHA", plans.shas["release"], 2, record_key, processing, token)
+        try:
+            reply = yield command
+            if isinstance(reply, BaseException):
+                reply = yield from plans.again("release", command, reply)
+        except plans.errors:  # best effort: the outage itself is what gets reported
+            continue
+        withdrawn += int(reply == 1)
+    return withdrawn
 
 
 def _claims_made(
@@ -194,7 +141,7 @@ def _claims_made(
     return made
 
 
-def _wrote(name: str, keys: Sequence[str], reply: Any) -> bool:
+def _wrote(name: str, keys: Sequence[Any], reply: Any) -> bool:
     """Did this script call change anything?  (Each script's reply says it: see its header.)"""
     if name in ("claim", "take_over", "record_failure"):
         return isinstance(reply, list)
@@ -202,22 +149,3 @@ def _wrote(name: str, keys: Sequence[str], reply: Any) -> bool:
         items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
         return any(isinstance(item, list) for item in items)
     return bool(reply == 1)  # heartbeat, mark_success, mark_failed, release
-
-
-def _raise_error(reply: Any) -> None:
-    if isinstance(reply, BaseException):
-        raise reply
-
-
-def check_wait_options(replicas: int, timeout: float, socket_timeout: float) -> None:
-    """``wait_replicas`` a count, ``wait_timeout`` positive and shorter than the socket
-    timeout (else the socket would give up on the WAIT first and report an outage)."""
-    from ..._core.errors import ConfigurationError
-
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-        raise ConfigurationError("wait_replicas must be a whole number >= 0")
-    if replicas and (not timeout > 0 or timeout >= socket_timeout):
-        raise ConfigurationError(
-            "wait_timeout must be > 0 and shorter than socket_timeout (the WAIT must end "
-            "before the socket gives up on it)"
-        )

@@ -1,147 +1,121 @@
-"""RedisStore's primitives: claims, conditional writes, counters and operator actions, each
-one script call (see the package docstring)."""
+"""RedisStore: the Redis protocol (``_protocol``) on the blocking transport (``_transport``);
+see the package docstring for what it guarantees."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
-from ._client import command, unavailable
-from ._maintenance import RedisMaintenance
-from ._records import FIELDS, SHARD_DIGITS, Keys, claim_result, record
+from ._client import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_GC_TTL,
+    DEFAULT_PREFIX,
+    DEFAULT_SOCKET_TIMEOUT,
+    check_options,
+)
+from ._protocol import CLAIM_CHUNK, RedisProtocol
+from ._records import Keys
+from ._replication import DEFAULT_WAIT_TIMEOUT
+from ._transport import SyncTransport
 
-#: Claims per script call in ``create_many`` (bounds the time one script blocks Redis).
-CLAIM_CHUNK: Final = 500
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["CLAIM_CHUNK", "RedisStore", "RedisStoreBase"]
 
 
-class RedisStore(RedisMaintenance):
-    """The store contract on Redis or Redis Cluster (see the package docstring)."""
+class RedisStoreBase:
+    """What both Redis stores are besides their methods: the options, the protocol (one
+    copy, see ``_protocol``) and who owns the client."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url_or_client: object,
+        transport: Any,
+        *,
+        prefix: str,
+        gc_ttl: float,
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> None:
+        self.prefix = prefix
+        self.wait_replicas = wait_replicas
+        self._owned = isinstance(url_or_client, str)  # a client passed in is the caller's
+        self._protocol = RedisProtocol.on(
+            transport, prefix, gc_ttl=gc_ttl, wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+
+    def _keys(self, scope: Scope) -> Keys:
+        return self._protocol.keys(scope)
+
+
+class RedisStore(RedisStoreBase):
+    """The store contract on Redis, Redis Cluster or a Sentinel-managed primary (see the
+    package docstring).  Never connects in its constructor."""
+
+    def __init__(
+        self,
+        url_or_client: str | Client,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        gc_ttl: float = DEFAULT_GC_TTL,
+        wait_replicas: int = 0,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    ) -> None:
+        check_options(
+            prefix, connect_timeout, socket_timeout, gc_ttl, wait_replicas, wait_timeout
+        )
+        self._transport = transport = SyncTransport(
+            url_or_client, connect_timeout=connect_timeout, socket_timeout=socket_timeout
+        )
+        super().__init__(
+            url_or_client, transport, prefix=prefix, gc_ttl=gc_ttl,
+            wait_replicas=wait_replicas, wait_timeout=wait_timeout,
+        )
+        self._run = transport.run
+
+    def __repr__(self) -> str:
+        return f"RedisStore(prefix={self.prefix!r})"
 
     # -- claims -------------------------------------------------------------------------
     def create(
         self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
     ) -> CreateResult:
-        """One ``claim.lua`` call (three keys: the hot path).  Only when it finds the record
-        expired does a second call, ``claim_many.lua``, re-check and replace it atomically
-        together with the counter reset."""
-        k = self._keys(scope)
-        args = (now, lease_expires_at, self._gc_ms, k.encoded, request_hash)
-        try:
-            reply = self._eval(self._claim, (k.record, k.processing, k.tokens), args)
-            if reply == 2:
-                reply = self._eval(self._claim_many, k.claim_keys(), args)
-        except self._errors as exc:
-            raise unavailable("create", exc, scope) from exc
-        return claim_result(scope, reply, request_hash, now, lease_expires_at)
+        return self._run(self._protocol.create(scope, request_hash, now, lease_expires_at), scope)
 
     def create_many(
         self, claims: Sequence[ClaimRequest], *, now: float, lease_expires_at: float
     ) -> list[CreateResult]:
-        """One script call per chunk (standalone) or per shard (Cluster: a script may only
-        touch one slot), all sent in one pipeline; each claim stays individually atomic."""
-        if not claims:
-            return []
-        keyed = [(c, self._keys(c.scope)) for c in claims]
-        groups = self._claim_groups(keyed)
-        calls = [self._claim_call(keyed, g, now, lease_expires_at) for g in groups]
-        try:
-            replies = self._eval_many(self._claim_many, calls)
-        except self._errors as exc:
-            raise unavailable("create_many", exc) from exc
-        results: list[CreateResult | None] = [None] * len(claims)
-        for group, reply in zip(groups, replies, strict=True):
-            items = reply if len(group) > 1 else [reply]  # one claim: a bare item
-            for i, item in zip(group, items, strict=True):
-                c = claims[i]
-                results[i] = claim_result(c.scope, item, c.request_hash, now, lease_expires_at)
-        return [r for r in results if r is not None]
-
-    def _claim_groups(self, keyed: Sequence[tuple[ClaimRequest, Keys]]) -> list[list[int]]:
-        if self._cluster:
-            by_shard: dict[str, list[int]] = {}
-            for i, (_, k) in enumerate(keyed):
-                by_shard.setdefault(k.member[:SHARD_DIGITS], []).append(i)
-            groups = list(by_shard.values())
-        else:
-            groups = [list(range(len(keyed)))]
-        return [g[i : i + CLAIM_CHUNK] for g in groups for i in range(0, len(g), CLAIM_CHUNK)]
-
-    def _claim_call(
-        self,
-        keyed: Sequence[tuple[ClaimRequest, Keys]],
-        group: Sequence[int],
-        now: float,
-        lease: float,
-    ) -> tuple[list[str], list[Any]]:
-        keys: list[str] = []
-        args: list[Any] = [now, lease, self._gc_ms]
-        for i in group:
-            c, k = keyed[i]
-            keys += k.claim_keys()
-            args += (k.encoded, c.request_hash)
-        return keys, args
+        return self._run(self._protocol.create_many(claims, now, lease_expires_at))
 
     def get(self, scope: Scope) -> StoredRecord | None:
-        k = self._keys(scope)
-        try:
-            v = command(self._conn(), "HMGET", k.record, *FIELDS)
-        except self._errors as exc:
-            raise unavailable("get", exc, scope) from exc
-        if v[0] is None or v[8] != k.encoded:
-            return None
-        return record(scope, v)
+        return self._run(self._protocol.get(scope), scope)
 
     # -- conditional writes -------------------------------------------------------------
     def take_over(
-        self,
-        scope: Scope,
-        *,
-        expected_token: int,
-        now: float,
-        lease_expires_at: float,
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
     ) -> TakeOver | None:
-        k = self._keys(scope)
-        keys = (k.record, k.counter, k.processing, k.counter_index, k.tokens)
-        args = (expected_token, now, lease_expires_at, self._gc_ms)
-        reply = self._run("take_over", scope, keys, args)
-        if not isinstance(reply, list):
-            return None
-        return TakeOver(int(reply[0]), int(reply[1]))
+        plan = self._protocol.take_over(scope, expected_token, now, lease_expires_at)
+        return self._run(plan, scope)
 
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
-        k = self._keys(scope)
-        args = (token, now, lease_expires_at, self._gc_ms)
-        return bool(self._run("heartbeat", scope, (k.record, k.processing), args))
+        return self._run(self._protocol.heartbeat(scope, token, now, lease_expires_at), scope)
 
     def mark_success(
         self, scope: Scope, *, token: int, response: bytes, now: float, expires_at: float
     ) -> bool:
-        k = self._keys(scope)
-        keys = (k.record, k.counter, k.processing, k.finished)
-        args = (token, response, now, expires_at, self._gc_ms)
-        try:
-            return bool(self._eval(self._mark_success, keys, args))
-        except self._errors as exc:
-            raise unavailable("mark_success", exc, scope) from exc
+        plan = self._protocol.mark_success(scope, token, response, now, expires_at)
+        return self._run(plan, scope)
 
     def mark_success_many(self, writes: Sequence[SuccessWrite], *, now: float) -> list[bool]:
-        """``mark_success.lua`` once per write, all in one pipeline (each call stays atomic
-        and conditional on its own token)."""
-        if not writes:
-            return []
-        calls: list[tuple[Sequence[str], Sequence[Any]]] = []
-        for w in writes:
-            k = self._keys(w.scope)
-            calls.append((
-                (k.record, k.counter, k.processing, k.finished),
-                (w.token, w.response, now, w.expires_at, self._gc_ms),
-            ))
-        try:
-            return [bool(r) for r in self._eval_many(self._mark_success, calls)]
-        except self._errors as exc:
-            raise unavailable("mark_success_many", exc) from exc
+        return self._run(self._protocol.mark_success_many(writes, now))
 
     def mark_failed(
         self,
@@ -153,14 +127,13 @@ class RedisStore(RedisMaintenance):
         only_if_lease_expired: bool = False,
         response: bytes | None = None,
     ) -> bool:
-        k = self._keys(scope)
-        keys = (k.record, k.counter, k.processing, k.finished)
-        args = (token, now, expires_at, int(only_if_lease_expired), self._gc_ms, response or b"")
-        return bool(self._run("mark_failed", scope, keys, args))
+        plan = self._protocol.mark_failed(
+            scope, token, now, expires_at, only_if_lease_expired, response
+        )
+        return self._run(plan, scope)
 
     def release(self, scope: Scope, *, token: int) -> bool:
-        k = self._keys(scope)
-        return bool(self._run("release", scope, (k.record, k.processing), (token,)))
+        return self._run(self._protocol.release(scope, token), scope)
 
     def record_failure(
         self,
@@ -172,30 +145,63 @@ class RedisStore(RedisMaintenance):
         expires_at: float,
         only_if_lease_expired: bool = False,
     ) -> FailureResult | None:
-        k = self._keys(scope)
-        keys = (k.record, k.counter, k.processing, k.finished, k.counter_index)
-        flag = int(only_if_lease_expired)
-        args = (token, now, max_retries, expires_at, flag, self._gc_ms)
-        reply = self._run("record_failure", scope, keys, args)
-        if not isinstance(reply, list):
-            return None
-        return FailureResult(int(reply[0]), poisoned=bool(reply[1]))
+        plan = self._protocol.record_failure(
+            scope, token, now, max_retries, expires_at, only_if_lease_expired
+        )
+        return self._run(plan, scope)
 
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
-        k = self._keys(scope)
-        try:
-            n = command(self._conn(), "HGET", k.counter, "n")
-        except self._errors as exc:
-            raise unavailable("get_retry_count", exc, scope) from exc
-        return int(n) if n else 0
+        return self._run(self._protocol.get_retry_count(scope), scope)
 
     def reset_retry_count(self, scope: Scope) -> None:
-        k = self._keys(scope)
-        self._run("reset_retry_count", scope, (k.counter, k.counter_index), ())
+        self._run(self._protocol.reset_retry_count(scope), scope)
 
     def delete_record(self, scope: Scope, *, status: Status | None = None) -> StoredRecord | None:
-        k = self._keys(scope)
-        keys = (k.record, k.processing, k.finished)
-        v = self._run("delete_record", scope, keys, (status.value if status else "",))
-        return record(scope, v) if isinstance(v, list) else None
+        return self._run(self._protocol.delete_record(scope, status), scope)
+
+    # -- maintenance --------------------------------------------------------------------
+    def find_stuck(
+        self, *, now: float, heartbeat_before: float | None, limit: int
+    ) -> list[StoredRecord]:
+        return self._run(self._protocol.find_stuck(now, heartbeat_before, limit))
+
+    def delete_expired(self, *, now: float, counters_before: float, limit: int) -> int:
+        return self._run(self._protocol.delete_expired(now, counters_before, limit))
+
+    def list_records(
+        self,
+        *,
+        status: Status | None = None,
+        operation: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[StoredRecord]:
+        plan = self._protocol.list_records(status, operation, tenant, limit, offset)
+        return self._run(plan)
+
+    def stats(self) -> Mapping[tuple[str, Status], int]:
+        return self._run(self._protocol.stats())
+
+    def acquire_lock(self, name: str, *, owner: str, now: float, ttl: float) -> bool:
+        return self._run(self._protocol.acquire_lock(name, owner, now, ttl))
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        self._run(self._protocol.release_lock(name, owner))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def create_schema(self) -> None:
+        """Nothing to create (each shard's token counter is made by its first claim); loads
+        the scripts (on every primary in Cluster), which also proves the server is
+        reachable.  Idempotent."""
+        self._run(self._protocol.create_schema())
+
+    def drop_schema(self) -> None:
+        """Delete every key under this store's prefix (tests, decommissioning)."""
+        self._run(self._protocol.drop_schema())
+
+    def close(self) -> None:
+        """Close the connection pool if this store built the client (a client passed in
+        belongs to the caller), and the hot path's per-thread connections (always ours)."""
+        self._transport.close(owned=self._owned)

@@ -30,10 +30,27 @@ schema, one contract.
   stored as ``DOUBLE PRECISION``; the database server's clock is never used.  ``create``
   treats a record with ``expires_at <= now`` as absent; ``delete_expired`` purges in batches
   (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so many workers can run it at once).
-* Hot path: the claim/complete primitives run pre-built SQL on DBAPI connections kept in a
-  small LIFO free list (autocommit; psycopg prepares repeated statements server-side),
-  bypassing SQLAlchemy's execution layer; SQLAlchemy provides the engine and pool, the
-  schema and the body transaction.
+* Hot path: every primitive is a *plan* (``protocol.py``: statements yielded, answers sent
+  back, no driver call), written once and driven by this store on a DBAPI cursor and by
+  ``AsyncSQLStore`` on an async connection.  The sync store runs the plans' pre-built SQL on
+  DBAPI connections kept in a small LIFO free list (autocommit), bypassing SQLAlchemy's
+  execution layer; SQLAlchemy provides the engine and pool, the schema and the body
+  transaction.
+* Prepared statements (``prepare=``, PostgreSQL): with ``prepare=True`` (the default)
+  psycopg prepares the statements that repeat, server-side, per connection.
+  ``prepare=False`` sends no named prepared statement at all (psycopg
+  ``prepare_threshold=None`` on every connection, the engine's ``connect_args`` included,
+  and on the connections of an ``Engine`` passed in): required behind PgBouncer in
+  ``transaction`` (or ``statement``) pool mode, where consecutive statements of one
+  connection may reach different server sessions.  Nothing else relies on session state:
+  every primitive is one autocommit statement or one transaction, and ``create_schema()``
+  runs in one transaction (its advisory lock is transaction-scoped), so it works through
+  such a pooler too.
+* Failover (``require_synchronous_replication=True``, PostgreSQL): every new connection
+  checks that the server's commits wait for a standby (``synchronous_standby_names`` set,
+  ``synchronous_commit`` not ``off``/``local``, not a standby itself) and is a
+  :class:`~idempotent_tasks.ConfigurationError` otherwise: with asynchronous replication a
+  promotion can lose outcomes the store reported as recorded (docs/guarantees.md).
 * Failures: a database without the store's tables or sequence raises
   :class:`~idempotent_tasks.ConfigurationError` ("schema not created: run
   ``idempotent-tasks migrate``"); every other driver or pool error becomes
@@ -49,9 +66,10 @@ schema, one contract.
   ``VARBINARY``; ``socket_timeout`` becomes PyMySQL's read/write timeouts (a silent link fails
   closed).  Transactional mode works the same on InnoDB.
 * Connection string: ``postgresql+psycopg://user:pass@host:5432/db`` (``postgresql://`` means
-  psycopg 3 too), ``mysql+pymysql://user:pass@host:3306/db`` (``mysql://`` and
-  ``mariadb+pymysql://`` too), ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using
-  psycopg, PyMySQL or the stdlib sqlite3 driver.  The constructor never connects.
+  psycopg 3 too; behind PgBouncer in transaction mode add ``prepare=False``),
+  ``mysql+pymysql://user:pass@host:3306/db`` (``mysql://`` and ``mariadb+pymysql://`` too),
+  ``sqlite:///path/to/idem.db``, or a SQLAlchemy ``Engine`` using psycopg, PyMySQL or the
+  stdlib sqlite3 driver.  The constructor never connects.
 
 The schema: :func:`build_metadata` (the three tables as SQLAlchemy Core) and
 :data:`POSTGRESQL_DDL` (what ``create_schema()`` emits on a fresh PostgreSQL database with the

@@ -192,7 +192,7 @@ class _Watchdog:
 def _break_connection(dbapi: Any) -> None:
     """Shut the socket down under a blocked psycopg call (it then fails at once)."""
     with contextlib.suppress(Exception):
-        fd = dbapi.pgconn.socket
+        fd = dbapi.fileno()  # psycopg's documented descriptor of the connection's socket
         sock = socket.socket(fileno=os.dup(fd))
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -255,7 +255,7 @@ def _dialect_name(engine: Engine) -> str:
 
 def _make_engine(
     url_or_engine: str | Engine, timeout: float, pool_size: int,
-    socket_timeout: float | None = None,
+    socket_timeout: float | None = None, *, prepare: bool = True,
 ) -> Engine:
     """Build (never connect) an engine; an Engine passed in is used as it is."""
     if isinstance(url_or_engine, Engine):
@@ -273,6 +273,8 @@ def _make_engine(
     if url.drivername in _PG_DRIVERS:
         url = url.set(drivername="postgresql+psycopg")
         connect_args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout))}
+        if not prepare:  # PgBouncer in transaction mode: no named prepared statements
+            connect_args["prepare_threshold"] = None
     elif url.drivername in _SQLITE_DRIVERS:
         if url.database in (None, "", ":memory:") or "mode=memory" in str(url):
             raise ConfigurationError(

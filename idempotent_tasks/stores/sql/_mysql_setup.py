@@ -48,10 +48,14 @@ def _auto_increment(records: str) -> str:
     return f"ALTER TABLE {records} MODIFY fencing_token BIGINT NOT NULL AUTO_INCREMENT"
 
 
-def create_schema(conn: sa.Connection, metadata: sa.MetaData, prefix: str, records: str) -> None:
+def create_schema(
+    conn: sa.Connection, metadata: sa.MetaData, prefix: str, records: str,
+    extend: Callable[[], None] = lambda: None,
+) -> None:
     """Create what is missing, under a named lock (MySQL commits DDL at once, so the lock —
     not a transaction — serialises concurrent calls); the token column becomes
-    ``AUTO_INCREMENT`` where it is not yet."""
+    ``AUTO_INCREMENT`` where it is not yet.  ``extend`` (the registered extensions' tables)
+    runs under the same lock."""
     lock = f"idempotent_tasks:{prefix}"
     got = conn.exec_driver_sql("SELECT GET_LOCK(%s, %s)", (lock, _SCHEMA_LOCK_WAIT)).scalar()
     if got != 1:
@@ -70,6 +74,7 @@ def create_schema(conn: sa.Connection, metadata: sa.MetaData, prefix: str, recor
         ).scalar()
         if "auto_increment" not in str(extra).lower():
             conn.exec_driver_sql(_auto_increment(records))
+        extend()
     finally:
         conn.exec_driver_sql("SELECT RELEASE_LOCK(%s)", (lock,))
 

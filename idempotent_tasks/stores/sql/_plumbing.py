@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 
@@ -28,19 +28,21 @@ from ._connections import (
     _sqlite_restore,
     _Watchdog,
 )
+from ._dialects import dialect_plans, drive
 from ._errors import translate
-from ._mysql import MySQLCommon, MySQLOps
 from ._mysql_setup import begin_body, make_adopt, mysql_metadata
-from ._postgres import PostgresOps
+from ._plans import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_SOCKET_TIMEOUT,
+    Plan,
+    check_options,
+)
+from ._replication import check_synchronous_replication
 from ._schema import DEFAULT_TABLE_PREFIX, build_metadata
-from ._sqlite import BEGIN, SQLiteOps, fencing_table
+from ._sqlite import BEGIN, fencing_table
 
-DEFAULT_CONNECT_TIMEOUT: Final = 5.0
-DEFAULT_POOL_SIZE: Final = 10
-#: Seconds a PostgreSQL call may wait for its answer before its connection is broken.
-DEFAULT_SOCKET_TIMEOUT: Final = 30.0
-_PG_IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE
-_PREFIX_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+_PG_IDLE: Final = 0  # psycopg's TransactionStatus.IDLE
 
 _T = TypeVar("_T")
 
@@ -66,18 +68,15 @@ class SQLBodyTransaction:
     ) -> bool:
         """Conditional on PROCESSING + our token; refuses to run outside our transaction, so
         a success can never be committed apart from the body's writes."""
-        if not self.is_intact():
-            raise ConfigurationError(
-                "the body committed or rolled back the idempotency transaction itself",
-                tenant=scope.tenant,
-                operation=scope.operation,
-                key=scope.key,
-            )
-        params = q.scope_params(scope)
-        params.update(token=token, response=response, now=now, expires_at=expires_at)
-        with self._store._translated("mark_success"):
-            result = self.connection.exec_driver_sql(self._store._common.mark_success, params)
-            return int(result.rowcount) == 1
+        q.check_intact(self.is_intact(), scope)
+        plan = self._store._plans.mark_success(
+            scope, token=token, response=response, now=now, expires_at=expires_at
+        )
+        with (
+            self._store._translated("mark_success"),
+            contextlib.closing(self.connection.connection.cursor()) as cursor,
+        ):
+            return drive(cursor, plan)
 
     def is_intact(self) -> bool:
         return (
@@ -96,6 +95,17 @@ class SQLBodyTransaction:
                 self._transaction.rollback()
 
 
+def _check_replication_on_connect(engine: Engine, pg: bool) -> None:
+    """``require_synchronous_replication=True``: every new connection checks that commits
+    wait for a standby (docs/guarantees.md, "PostgreSQL failover"); a server where they do
+    not is a ``ConfigurationError`` on first use, never a silent loss at a failover."""
+    if not pg:
+        raise ConfigurationError("require_synchronous_replication needs PostgreSQL")
+    sa.event.listen(
+        engine, "connect", lambda dbapi, _record: check_synchronous_replication(dbapi)
+    )
+
+
 class SQLPlumbing:
     """Everything of SQLStore but its primitives (see the package docstring)."""
 
@@ -109,38 +119,36 @@ class SQLPlumbing:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_size: int = DEFAULT_POOL_SIZE,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
+        prepare: bool = True,
+        require_synchronous_replication: bool = False,
     ) -> None:
-        _check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
+        check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
         self._connect_timeout = float(connect_timeout)
         self._owns_engine = not isinstance(url_or_engine, Engine)
-        engine = _make_engine(url_or_engine, self._connect_timeout, pool_size, socket_timeout)
+        self.prepare = bool(prepare)
+        engine = _make_engine(
+            url_or_engine, self._connect_timeout, pool_size, socket_timeout, prepare=self.prepare
+        )
         self._engine = engine
         self.name = _dialect_name(engine)
         self._pg = self.name == "postgresql"
+        if require_synchronous_replication:
+            _check_replication_on_connect(engine, self._pg)
         self._mysql = self.name == "mysql"
         metadata = mysql_metadata if self._mysql else build_metadata
         self._metadata = metadata(table_prefix)
         self._fencing_table = fencing_table(table_prefix)
         self.table_prefix = table_prefix
         quote = engine.dialect.identifier_preparer.quote
-        r, c, lk = (quote(f"{table_prefix}_{t}") for t in ("records", "retry_counters", "locks"))
-        self._records = r
+        self._records = quote(f"{table_prefix}_records")
         dbapi = engine.dialect.loaded_dbapi
         self._errors: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, dbapi.Error)
-        self._ops: PostgresOps | SQLiteOps | MySQLOps
+        self._plans = dialect_plans(self.name, quote, table_prefix, dbapi.OperationalError)
+        self._common: q.Common = self._plans.common
         if self._mysql:
-            common = MySQLCommon(r, c, lk)
-            self._common: q.Common = common
-            self._ops = MySQLOps(r, c, common, dbapi.OperationalError)
             adopt, restore = make_adopt(engine)
         else:
-            self._common = q.Common(r, c, lk, q.pyformat if self._pg else q.identity)
-            self._ops = (
-                PostgresOps(r, c, quote(f"{table_prefix}_fencing_seq"))
-                if self._pg
-                else SQLiteOps(r, c, quote(f"{table_prefix}_fencing"), self._common)
-            )
-            adopt = _pg_adopt if self._pg else self._sqlite_adopt
+            adopt = self._adopt_pg if self._pg else self._sqlite_adopt
             restore = _pg_restore if self._pg else _sqlite_restore
         self._raw = _RawPool(engine, pool_size, adopt, restore)
         self._lost_types: tuple[type[BaseException], ...] = (
@@ -168,8 +176,9 @@ class SQLPlumbing:
         except self._errors as exc:
             raise self._failure(what, exc) from exc
 
-    def _run(self, what: str, fn: Callable[[Any], _T]) -> _T:
-        """Run ``fn(cursor)`` on an idle autocommit connection; translate driver errors."""
+    def _execute(self, what: str, plan: Plan[_T]) -> _T:
+        """Run a primitive's plan (``protocol.py``) on an idle autocommit connection (its
+        cursor drives the plan); translate driver errors."""
         raw_pool = self._raw
         try:
             raw = raw_pool.acquire()
@@ -178,7 +187,7 @@ class SQLPlumbing:
         watchdog = self._watchdog
         armed = watchdog.arm(raw.dbapi) if watchdog is not None else None
         try:
-            result = fn(raw.cursor)
+            result = drive(raw.cursor, plan)
         except self._errors as exc:
             raw_pool.discard(raw, lost=self._is_lost(exc, raw))
             raise self._failure(what, exc) from exc
@@ -193,13 +202,6 @@ class SQLPlumbing:
             raw_pool.discard(raw, lost=False)
         return result
 
-    def _rowcount(self, what: str, sql: str, params: Mapping[str, Any]) -> int:
-        def run(cur: Any) -> int:
-            cur.execute(sql, params)
-            return int(cur.rowcount)
-
-        return self._run(what, run)
-
     def _is_lost(self, exc: BaseException, raw: _Raw) -> bool:
         if isinstance(exc, self._lost_types):
             return True
@@ -207,6 +209,11 @@ class SQLPlumbing:
             return bool(self._engine.dialect.is_disconnect(exc, raw.dbapi, raw.cursor))  # type: ignore[arg-type]
         except Exception:
             return True
+
+    def _adopt_pg(self, dbapi: Any, info: dict[Any, Any]) -> Any:
+        if not self.prepare:  # an Engine passed in may not have it in its connect args
+            dbapi.prepare_threshold = None
+        return _pg_adopt(dbapi, info)
 
     def _sqlite_adopt(self, dbapi: Any, info: dict[Any, Any]) -> Any:
         """Per-connection SQLite settings: WAL, ``synchronous=NORMAL``, a busy timeout."""
@@ -240,6 +247,8 @@ class SQLPlumbing:
     ) -> tuple[RootTransaction, Callable[[], bool]]:
         dbapi: Any = conn.connection.driver_connection
         if self._pg:
+            if not self.prepare:
+                dbapi.prepare_threshold = None
             trans = conn.begin()
             if lock_schema:  # serialise concurrent create_schema/drop_schema calls
                 conn.exec_driver_sql(
@@ -275,17 +284,3 @@ class SQLPlumbing:
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
-
-
-def _check_options(
-    table_prefix: str, connect_timeout: float, pool_size: int, socket_timeout: float | None
-) -> None:
-    if not isinstance(table_prefix, str) or not _PREFIX_RE.fullmatch(table_prefix):
-        raise ConfigurationError(
-            f"table_prefix {table_prefix!r} must be 1-40 characters of letters, digits and "
-            "underscores, not starting with a digit"
-        )
-    if connect_timeout <= 0 or pool_size < 1:
-        raise ConfigurationError("connect_timeout must be > 0 and pool_size >= 1")
-    if socket_timeout is not None and socket_timeout <= 0:
-        raise ConfigurationError("socket_timeout must be > 0 (or None)")

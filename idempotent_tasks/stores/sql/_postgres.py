@@ -1,4 +1,4 @@
-"""SQLStore on PostgreSQL: every primitive is one statement (CTEs for the multi-row ones).
+"""PostgreSQL's statement texts: every primitive is one statement (CTEs for the multi-row ones).
 
 Fencing tokens come from the sequence ``<prefix>_fencing_seq`` (``CACHE 1``, so values grow
 in real-time order across sessions): ``nextval`` in the claim's VALUES, in the SET list that
@@ -8,14 +8,12 @@ replaces an expired record (evaluated only once the conflicting row is locked) a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import re
+from typing import Final
 
 import sqlalchemy as sa
 
 from ..._core.errors import ConfigurationError
-from ..._core.records import CreateOutcome, CreateResult, Scope, StoredRecord
-from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from . import _statements as q
 from ._schema import fencing_sequence
 
@@ -146,8 +144,8 @@ def _delete_records_sql(r: str) -> str:
 
 def _delete_counters_sql(r: str, c: str) -> str:
     # Joined on the primary key (as for records): a row-value ``IN (subquery … LIMIT)`` was
-    # planned as a nested loop over the whole counters table (442 ms per call with 10,000
-    # counters, growing with the table).
+    # planned as a nested loop over the whole counters table (its cost grew with the table;
+    # docs/performance.md has the figures).
     return q.pyformat(
         f"WITH doomed AS (SELECT tenant, operation, key FROM {c} AS cc "
         "WHERE cc.updated_at < :before "
@@ -159,85 +157,30 @@ def _delete_counters_sql(r: str, c: str) -> str:
     )
 
 
-class PostgresOps:
-    """The PostgreSQL statements of the primitives that differ between the dialects."""
+#: A valid ``table_prefix`` (it becomes part of quoted identifiers).
+PREFIX_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+
+
+class Statements:
+    """The PostgreSQL statements of the primitives whose SQL differs between the dialects
+    (pure text: the plans in ``protocol.py`` send them)."""
+
+    __slots__ = (
+        "claim", "create", "create_many", "delete_counters", "delete_records",
+        "mark_success_many", "record_failure", "record_failure_expired", "take_over",
+    )
 
     def __init__(self, r: str, c: str, sequence: str) -> None:
         token = f"nextval('{sequence}')"  # ``sequence`` is a quoted, validated identifier
-        self._claim_sql = _claim_sql(r, token)
-        self._create_sql = _create_sql(r, c, token)
-        self._create_many_sql = _create_many_sql(r, c, token)
-        self._mark_success_many_sql = _mark_success_many_sql(r)
-        self._take_over_sql = _take_over_sql(r, c, token)
-        self._record_failure_sql = _record_failure_sql(r, c, "")
-        self._record_failure_expired_sql = _record_failure_sql(r, c, q.LEASE_EXPIRED)
-        self._delete_records_sql = _delete_records_sql(r)
-        self._delete_counters_sql = _delete_counters_sql(r, c)
-
-    def create(self, cur: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult | None:
-        row = q.one(cur, self._claim_sql, p)
-        if row is not None and not row[0]:
-            duplicate = q.live_duplicate(scope, row[1:], p["now"])
-            if duplicate is not None:
-                return duplicate
-            row = q.one(cur, self._create_sql, p)  # expired: replace it atomically
-            if row is not None and not row[0]:
-                return q.live_duplicate(scope, row[1:], p["now"])
-        if row is None:
-            return None  # raced with an insert newer than our snapshot: run it again
-        return q.created(scope, p, row[4])
-
-    def create_many(
-        self, cur: Any, claims: Sequence[ClaimRequest], now: float, lease: float
-    ) -> list[CreateResult | None]:
-        params = q.scope_arrays([c.scope for c in claims])
-        params.update(hashes=[c.request_hash for c in claims], now=now, lease=lease)
-        cur.execute(self._create_many_sql, params)
-        results: list[CreateResult | None] = []
-        for claim, row in zip(claims, cur.fetchall(), strict=True):
-            if row[1]:
-                record = StoredRecord.claimed(
-                    claim.scope, claim.request_hash, int(row[2]), now, lease
-                )
-                results.append(CreateResult(CreateOutcome.CREATED, record))
-            else:
-                results.append(q.live_duplicate(claim.scope, row[3:], now))
-        return results
-
-    def mark_success_many(
-        self, cur: Any, writes: Sequence[SuccessWrite], now: float
-    ) -> list[bool]:
-        """One set-based ``UPDATE``, each row conditional on its own status and token."""
-        params = q.scope_arrays([w.scope for w in writes])
-        params.update(
-            tokens=[w.token for w in writes], responses=[w.response for w in writes],
-            expires=[w.expires_at for w in writes], now=now,
-        )
-        cur.execute(self._mark_success_many_sql, params)
-        done = {Scope(*row) for row in cur.fetchall()}
-        return [w.scope in done for w in writes]
-
-    def take_over(self, cur: Any, p: Mapping[str, Any]) -> TakeOver | None:
-        row = q.one(cur, self._take_over_sql, p)
-        return None if row is None else TakeOver(int(row[0]), int(row[1]))
-
-    def record_failure(
-        self, cur: Any, p: Mapping[str, Any], only_if_lease_expired: bool
-    ) -> FailureResult | None:
-        sql = (
-            self._record_failure_expired_sql if only_if_lease_expired else self._record_failure_sql
-        )
-        row = q.one(cur, sql, p)
-        if row is None:
-            return None
-        count = int(row[0])
-        return FailureResult(count, poisoned=count >= p["max_retries"])
-
-    def delete_expired(self, cur: Any, p: Mapping[str, Any]) -> int:
-        cur.execute(self._delete_records_sql, p)
-        purged = int(cur.rowcount)
-        cur.execute(self._delete_counters_sql, p)
-        return purged
+        self.claim = _claim_sql(r, token)
+        self.create = _create_sql(r, c, token)
+        self.create_many = _create_many_sql(r, c, token)
+        self.mark_success_many = _mark_success_many_sql(r)
+        self.take_over = _take_over_sql(r, c, token)
+        self.record_failure = _record_failure_sql(r, c, "")
+        self.record_failure_expired = _record_failure_sql(r, c, q.LEASE_EXPIRED)
+        self.delete_records = _delete_records_sql(r)
+        self.delete_counters = _delete_counters_sql(r, c)
 
 
 # -- schema -----------------------------------------------------------------------------------

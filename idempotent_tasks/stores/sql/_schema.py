@@ -159,3 +159,19 @@ def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
     return problems
 
 
+
+
+#: Tables other parts of the library keep beside the store's, by name: each entry is
+#: ``(create(conn, prefix), drop(conn, prefix))``, run inside ``create_schema``'s and
+#: ``drop_schema``'s own transaction (the transactional outbox registers its two tables).
+_EXTENSIONS: dict[str, tuple[Any, Any]] = {}
+
+
+def register_schema_extension(name: str, create: Any, drop: Any) -> None:
+    """Have ``SQLStore.create_schema()`` / ``drop_schema()`` (and so ``idempotent-tasks
+    migrate``) create and drop ``name``'s tables too; registering a name again replaces it."""
+    _EXTENSIONS[name] = (create, drop)
+
+
+def schema_extensions() -> list[tuple[Any, Any]]:
+    return list(_EXTENSIONS.values())

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from ..._core.errors import ConfigurationError
 from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
 
 STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
@@ -136,6 +137,30 @@ def mark_failed(
     return (c.mark_failed_response_expired if only_if_lease_expired else kept), p
 
 
+def take_over_params(scope: Scope, token: int, now: float, lease: float) -> dict[str, Any]:
+    p = scope_params(scope)
+    p.update(token=token, now=now, lease=lease)
+    return p
+
+
+def failure_params(
+    scope: Scope, token: int, now: float, max_retries: int, expires_at: float
+) -> dict[str, Any]:
+    p = scope_params(scope)
+    p.update(token=token, now=now, max_retries=max_retries, expires_at=expires_at)
+    return p
+
+
+def check_intact(intact: bool, scope: Scope) -> None:
+    """A body transaction's SUCCESS refuses to run outside its transaction, so it can never
+    be committed apart from the body's writes."""
+    if not intact:
+        raise ConfigurationError(
+            "the body committed or rolled back the idempotency transaction itself",
+            tenant=scope.tenant, operation=scope.operation, key=scope.key,
+        )
+
+
 def scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
     """The scopes as three parallel arrays, for the set-based statements' ``unnest``."""
     return {
@@ -146,9 +171,11 @@ def scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
 
 
 def claim_params(scope: Scope, request_hash: str, now: float, lease: float) -> dict[str, Any]:
-    p = scope_params(scope)
-    p.update(request_hash=request_hash, now=now, lease=lease)
-    return p
+    """The claim's parameters (one dict literal: this runs on every delivery)."""
+    return {
+        "tenant": scope.tenant, "operation": scope.operation, "key": scope.key,
+        "request_hash": request_hash, "now": now, "lease": lease,
+    }
 
 
 def record(scope: Scope, row: Sequence[Any]) -> StoredRecord:

@@ -8,7 +8,7 @@
 -- can go (its own ``ua`` field, not the index score, decides the purge itself).
 -- Reply: {records purged, counters purged}
 local now, before, base = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[5]
-local purged = 0
+local purged, counters = 0, 0
 local members = {}
 if tonumber(ARGV[3]) > 0 then
   members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
@@ -22,12 +22,25 @@ for _, m in ipairs(members) do
     redis.call('DEL', rk)
     redis.call('ZREM', KEYS[1], m)
     purged = purged + 1
+    -- Its counter is judged now, against this call's cutoff: its index score may have been
+    -- set under another cutoff (see below) and would then keep it past the one it is due at.
+    local ck = base .. m .. ':c'
+    local ua = redis.call('HGET', ck, 'ua')
+    if ua and tonumber(ua) < before then
+      redis.call('DEL', ck)
+      redis.call('ZREM', KEYS[2], m)
+      counters = counters + 1
+    elseif ua then
+      redis.call('ZADD', KEYS[2], ua, m)
+    end
   else
     redis.call('ZADD', KEYS[1], ea, m)
   end
 end
-local counters = 0
-local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[2], 'LIMIT', 0, ARGV[4])
+-- Candidates scored up to counters_before inclusive: a counter re-scored (below) to the first
+-- cutoff at which it can go has exactly that score when the cutoff comes, and its record may
+-- be the one purged just above; the counter's own ``ua`` decides.
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2], 'LIMIT', 0, ARGV[4])
 for _, m in ipairs(stale) do
   local ck = base .. m .. ':c'
   local ua = redis.call('HGET', ck, 'ua')

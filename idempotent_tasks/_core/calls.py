@@ -1,0 +1,115 @@
+"""Building the flow of one call (or one batch entry) from its arguments: validation, the
+store's capabilities, and which algorithm runs.  Input that earns an outcome without any I/O
+(bad key, tenant, payload; a call the store cannot honour) gets it here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from ..stores.base import TransactionalStore
+from ..typing import OnStuck, Permanent, Seconds
+from .batch import Entry
+from .commands import Command
+from .engine import Engine
+from .errors import ConfigurationError, IdempotencyError
+from .flow import execute, unkeyed
+from .outcome import Outcome
+from .transactional import execute_in_transaction, unkeyed_in_transaction
+
+Flow = Generator[Command, Any, Outcome]
+
+
+def build_flow(
+    engine: Engine,
+    fn: Callable[..., Any],
+    operation: str,
+    tenant: str | None,
+    key: str | None,
+    payload: Any,
+    permanent: Permanent,
+    transactional: bool,
+    require_key: bool,
+    ttl: Seconds | None,
+    lease_timeout: Seconds | None,
+    max_retries: int | None,
+    on_stuck: OnStuck | None,
+    on_loop: bool,
+) -> Flow | Outcome:
+    """The flow for one call, or the outcome its input earns without any I/O."""
+    try:
+        call = engine.prepare(
+            operation, tenant, key, payload, require_key, ttl, lease_timeout, max_retries,
+            on_stuck,
+        )
+        if transactional or engine.io.native_async:
+            refusal = transactional_refusal(engine, transactional, on_loop)
+            if refusal is not None:
+                raise refusal
+    except IdempotencyError as err:
+        return _rejected(err, operation, tenant, key)
+    if transactional:
+        if call is None:
+            return unkeyed_in_transaction(engine, operation, fn, permanent)
+        return execute_in_transaction(engine, call, fn, permanent)
+    if call is None:
+        return unkeyed(engine, operation, fn, permanent)
+    return execute(engine, call, fn, permanent)
+
+
+def transactional_refusal(
+    engine: Engine, transactional: bool, on_loop: bool, twin: str = "run_async"
+) -> IdempotencyError | None:
+    """CONFIGURATION_ERROR for a call this store cannot honour (checked before I/O)."""
+    store = engine.store
+    if engine.io.native_async and not on_loop:
+        calls = (
+            "`await handler.run_async(...)` or `await handler.execute_async(...)`"
+            if twin == "run_async" else f"`await handler.{twin}(...)`"
+        )
+        return ConfigurationError(f"{type(store).__name__} is an async store: use {calls}")
+    if transactional and not isinstance(store, TransactionalStore):
+        return ConfigurationError(
+            f"transactional bodies need a SQL store; {type(store).__name__} cannot share a "
+            "transaction with the body"
+        )
+    if transactional and on_loop and not engine.io.native_async:
+        return ConfigurationError(
+            "transactional coroutine bodies need an async SQL store; use "
+            "handler.execute_in_transaction(...) with a synchronous body"
+        )
+    return None
+
+
+def batch_entry(
+    engine: Engine, item: Mapping[str, Any], refusal: IdempotencyError | None) -> Entry | Outcome:
+    operation = item.get("operation")
+    tenant, key = item.get("tenant"), item.get("key")
+    try:
+        if refusal is not None:
+            raise refusal
+        call = engine.prepare(
+            operation,  # type: ignore[arg-type]
+            tenant, key, item.get("payload"), item.get("require_key", True),
+            item.get("ttl"), item.get("lease_timeout"), item.get("max_retries"),
+            item.get("on_stuck"),
+        )
+    except IdempotencyError as err:
+        return _rejected(err, operation, tenant, key)
+    return Entry(item, call.scope.operation if call else str(operation), call)
+
+
+def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:
+    """Input refused before any I/O: nothing ran."""
+    return Outcome.refused(
+        err, tenant=_text(err.tenant if err.tenant is not None else tenant),
+        operation=_text(err.operation if err.operation is not None else operation),
+        key=_text(err.key if err.key is not None else key),
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+__all__ = ["batch_entry", "build_flow", "transactional_refusal"]
