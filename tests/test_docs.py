@@ -1,30 +1,53 @@
 """Every ```python block in README.md and docs/*.md runs, so the docs cannot rot.
 
-Conventions for authors:
+Conventions for authors (``# doc:`` lines at the top of a block; several may follow each
+other):
 
 * a block whose info string is ``python skip`` (or ``py skip``), or whose first line is
-  ``# doc: skip``, is not executed (use it for fragments and framework boot code);
-* a block whose first line is ``# doc: needs postgres`` (or ``redis``, ``rabbitmq``; several
-  comma-separated) runs only when those services are reachable — skipped locally, a failure
-  under CI=true (tests/_services.py ``require``);
+  ``# doc: skip``, is not executed (use it for fragments: option tables, one-line reminders);
+* ``# doc: needs postgres`` (or ``redis``, ``rabbitmq``; several comma-separated): the block
+  runs only when those services are reachable — skipped locally, a failure under CI=true
+  (tests/_services.py ``require``).  A block that needs ``rabbitmq`` runs on a RabbitMQ
+  vhost of its own: its ``amqp://guest:guest@localhost…`` URLs (and those of the files below)
+  are pointed there, so the page reads as a user writes it and the test touches no queue it
+  did not create;
+* ``# doc: file NAME``: the block is a file of the page's project (``tasks.py``, ``app.py``):
+  not run by itself, but written, as the page shows it, into the working directory of every
+  later block of the same page, which can import it;
+* ``# doc: append NAME`` and ``# doc: shell`` (docs/django.md): an addition to a file that a
+  command of the page made (``django-admin startproject``), and code for ``python manage.py
+  shell``; tests/django/test_docs_page.py builds the page's project and runs them;
+* ``# doc: worker COMMAND``: before the block runs, ``COMMAND`` (a worker start command the
+  page states in a shell block, e.g. ``celery -A tasks worker --loglevel INFO``) is started
+  in the block's working directory; it is stopped afterwards and its output shown when the
+  block fails;
 * each block runs in a fresh namespace, in a fresh temporary working directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ._services import require
+from ._services import private_vhost, require
 
 ROOT = Path(__file__).resolve().parents[1]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
-_NEEDS = re.compile(r"^#\s*doc:\s*needs\s+(?P<services>[\w, ]+)$")
-_SKIP = re.compile(r"^#\s*doc:\s*skip\b")
+_DIRECTIVE = re.compile(r"^#\s*doc:\s*(?P<name>\w+)\b\s*(?P<value>.*)$")
+#: The broker URLs a page writes for the machine's RabbitMQ (pointed at a private vhost).
+_AMQP = re.compile(r"amqp://guest:guest@(?:localhost|127\.0\.0\.1)(?::5672)?/(?:/|%2F)?"
+                   r"(?=[\"'\s])")
 SERVICES = {"postgres", "redis", "rabbitmq"}
 
 
@@ -44,20 +67,35 @@ class Block:
         return self.info.split()[0].lower() if self.info.split() else ""
 
     @property
+    def directives(self) -> dict[str, str]:
+        """The ``# doc: NAME VALUE`` lines at the top of the block."""
+        found: dict[str, str] = {}
+        for line in self.code.lstrip("\n").split("\n"):
+            m = _DIRECTIVE.match(line.strip())
+            if not m:
+                break
+            found[m["name"]] = m["value"].strip()
+        return found
+
+    @property
+    def is_python(self) -> bool:
+        return self.language in ("python", "py", "python3")
+
+    @property
     def runnable(self) -> bool:
         words = self.info.lower().split()
-        if self.language not in ("python", "py", "python3") or "skip" in words[1:]:
+        if not self.is_python or "skip" in words[1:]:
             return False
-        first = self.code.lstrip("\n").split("\n", 1)[0].strip()
-        return not _SKIP.match(first)
+        return not ({"skip", "file", "append", "shell"} & set(self.directives))
+
+    @property
+    def file(self) -> str | None:
+        return self.directives.get("file") if self.is_python else None
 
     @property
     def needs(self) -> list[str]:
-        first = self.code.lstrip("\n").split("\n", 1)[0].strip()
-        m = _NEEDS.match(first)
-        if not m:
-            return []
-        return [s.strip() for s in m["services"].split(",") if s.strip()]
+        services = self.directives.get("needs", "")
+        return [s.strip() for s in services.split(",") if s.strip()]
 
 
 def parse_blocks(path: Path, text: str) -> list[Block]:
@@ -94,6 +132,80 @@ def runnable_blocks() -> list[Block]:
     return [b for f in doc_files() for b in parse_blocks(f, f.read_text()) if b.runnable]
 
 
+def page_files(block: Block) -> list[tuple[str, str]]:
+    """The ``# doc: file`` blocks of ``block``'s page above it, in page order."""
+    blocks = parse_blocks(block.path, block.path.read_text())
+    return [(b.file, b.code) for b in blocks if b.file and b.line < block.line]
+
+
+def stated_commands(path: Path) -> str:
+    """The shell blocks of a page, where its worker start commands are stated."""
+    shells = ("bash", "sh", "shell", "console", "")
+    return "\n".join(b.code for b in parse_blocks(path, path.read_text())
+                     if b.language in shells)
+
+
+@contextlib.contextmanager
+def importable(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The page's files importable by the block, and forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(directory))
+    try:
+        yield
+    finally:
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(directory)):
+                del sys.modules[name]
+
+
+@contextlib.contextmanager
+def worker_process(block: Block, command: str, directory: Path) -> Iterator[None]:
+    """``command`` running in ``directory`` while the block runs (SIGTERM, as a supervisor
+    stops it, afterwards); its output is printed when the block fails."""
+    assert command in stated_commands(block.path), (
+        f"{block.id}: the page does not state the worker command {command!r} in a shell block")
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(directory)}
+    log = directory.parent / f"{directory.name}-worker.log"
+    with log.open("w+b") as out:
+        proc = subprocess.Popen(shlex.split(command), cwd=directory, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield
+        except BaseException:
+            print(f"--- {command} ---\n{log.read_text(errors='replace')}")
+            raise
+        finally:
+            _stop(proc)
+    output = log.read_text(errors="replace")
+    log.unlink()
+    # The page's own settings must not be ones the library warns about at worker start.
+    assert "ConfigurationRiskWarning" not in output, f"--- {command} ---\n{output}"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_code(block_id: str, code: str) -> None:
+    # Blocks may configure logging, as applications do: give it back afterwards.
+    loggers = [logging.getLogger(), logging.getLogger("idempotent_tasks")]
+    saved = [(lg, lg.level, list(lg.handlers)) for lg in loggers]
+    namespace: dict[str, object] = {"__name__": "__doc_block__"}
+    try:
+        exec(compile(code, block_id, "exec"), namespace)
+    finally:
+        for lg, level, handlers in saved:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+
+
 @pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.id)
 def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     unknown = set(block.needs) - SERVICES
@@ -101,16 +213,57 @@ def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Monkey
     for service in block.needs:
         require(service)
     monkeypatch.chdir(tmp_path)
-    # Blocks may configure logging, as applications do: give it back afterwards.
-    loggers = [logging.getLogger(), logging.getLogger("idempotent_tasks")]
-    saved = [(lg, lg.level, list(lg.handlers)) for lg in loggers]
-    namespace: dict[str, object] = {"__name__": "__doc_block__"}
-    try:
-        exec(compile(block.code, block.id, "exec"), namespace)
-    finally:
-        for lg, level, handlers in saved:
-            lg.setLevel(level)
-            lg.handlers[:] = handlers
+    with contextlib.ExitStack() as stack:
+        vhost = stack.enter_context(private_vhost("docs")) if "rabbitmq" in block.needs else None
+
+        def as_tested(code: str) -> str:
+            return _AMQP.sub(vhost, code) if vhost else code
+
+        files = page_files(block)
+        for name, code in files:
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(as_tested(code))
+        if files:
+            stack.enter_context(importable(tmp_path, monkeypatch))
+        command = block.directives.get("worker")
+        if command:
+            stack.enter_context(worker_process(block, command, tmp_path))
+        run_code(block.id, as_tested(block.code))
+
+
+#: ``pip install idempotent-tasks`` from an index (no index has the package), with or without
+#: extras: not followed by `` @ file://…`` / `` @ git+…`` (a wheel or the repository).
+_INDEX_INSTALL = re.compile(r"pip install\s+(?:-U\s+)?['\"]?idempotent-tasks(?:\[[^\]]*\])?['\"]?"
+                            r"(?!\S*\s*@)")
+_SPAN = re.compile(r"`([^`]+)`")
+
+
+def test_install_lines_install_from_a_checkout_or_a_wheel() -> None:
+    """One install story everywhere: the README's checkout, wheel and git forms."""
+    found: list[str] = []
+    for path in doc_files():
+        text = path.read_text()
+        shell = [b.code for b in parse_blocks(path, text) if b.language in ("bash", "sh", "")]
+        spans = [m[1] for m in _SPAN.finditer(text.replace("\n", " "))]
+        for candidate in [*shell, *spans]:
+            if "optional dependency" in candidate:  # the library's error message, quoted
+                continue
+            found += [f"{path.name}: {m[0]}" for m in _INDEX_INSTALL.finditer(candidate)]
+    assert not found, found
+
+
+#: Each integration page says, in a shell block, how its workers or servers start.
+START_COMMANDS = {
+    "celery.md": "celery -A payments worker", "dramatiq.md": "dramatiq app",
+    "faststream.md": "faststream run app:app", "taskiq.md": "taskiq worker app:broker",
+    "consumers.md": "python consumer.py", "http.md": "uvicorn shop:app",
+    "django.md": "celery -A proj worker",
+}
+
+
+@pytest.mark.parametrize("page", sorted(START_COMMANDS))
+def test_integration_pages_state_how_their_workers_start(page: str) -> None:
+    assert START_COMMANDS[page] in stated_commands(ROOT / "docs" / page)
 
 
 def test_docs_are_found_and_have_runnable_examples() -> None:
@@ -149,10 +302,27 @@ def test_parser_conventions(tmp_path: Path) -> None:
         "idempotent-tasks demo",
         "```",
     ])
+    text += "\n" + "\n".join([
+        "```python",
+        "# doc: file tasks.py",
+        "X = 1",
+        "```",
+        "```python",
+        "# doc: needs rabbitmq",
+        "# doc: worker celery -A tasks worker",
+        "import tasks",
+        "```",
+    ])
     blocks = parse_blocks(tmp_path / "x.md", text)
-    assert [b.line for b in blocks] == [2, 5, 8, 12, 16, 22, 25]
-    assert [b.runnable for b in blocks] == [True, False, False, True, True, True, False]
+    assert [b.line for b in blocks] == [2, 5, 8, 12, 16, 22, 25, 28, 32]
+    assert [b.runnable for b in blocks] == [True, False, False, True, True, True, False,
+                                            False, True]
     assert blocks[3].needs == ["postgres", "redis"]
+    assert blocks[7].file == "tasks.py" and blocks[8].file is None
+    assert blocks[8].needs == ["rabbitmq"]
+    assert blocks[8].directives["worker"] == "celery -A tasks worker"
+    url = "Celery('x', broker=\"amqp://guest:guest@localhost//\")"
+    assert _AMQP.sub("amqp://vhost", url) == "Celery('x', broker=\"amqp://vhost\")"
     assert blocks[4].code == "s = '''\n```\n'''\n"
     assert blocks[5].code == "z = 3\n"
     assert blocks[0].needs == []

@@ -284,7 +284,7 @@ def check_guarantee(h: Harness, max_retries: int, on_stuck: Literal["retry", "fa
 
 # -- 2. canonical hashing ---------------------------------------------------------------------------
 def request_hash(handler: IdempotencyHandler, payload: Any) -> str:
-    call = handler.prepare(OP, TENANT, KEY, payload, True)
+    call = handler._engine.prepare(OP, TENANT, KEY, payload, True)
     assert call is not None
     return call.request_hash
 

@@ -83,10 +83,10 @@ def exercise(handler: IdempotencyHandler, clock: FakeClock) -> None:
     clock.advance(handler.defaults.lease_timeout + 1)
     assert handler.recover_stuck_records() == 1  # recovered
 
-    assert isinstance(handler.store, FaultyStore)
-    handler.store.fail("create")
+    assert isinstance(handler._engine.store, FaultyStore)
+    handler._engine.store.fail("create")
     _quiet(run, lambda: 1, operation=OP, tenant=T, key="k-down")  # store_unavailable
-    handler.store.heal()
+    handler._engine.store.heal()
 
 
 def _handler(**kwargs: Any) -> tuple[IdempotencyHandler, FakeClock]:

@@ -32,6 +32,7 @@ from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, St
 from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FaultyStore
+from tests._wait import wait_until as _wait_until
 
 from ._private_postgres import PrivatePostgres, refused
 from ._proxy import TCPProxy
@@ -86,10 +87,7 @@ def free_port() -> int:
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = SERVER_WAIT) -> None:
     """Poll with a deadline (for servers coming back), never a blind sleep."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    _wait_until(condition, what, timeout, poll=0.05)
 
 
 def postgres_url(port: int | None = None) -> str:
@@ -388,3 +386,39 @@ def test_redis_killed_mid_run_fails_closed_then_recovers(tmp_path: Path) -> None
         store.close()
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_failure_that_cannot_be_recorded_releases_its_claim(kind: str, tmp_path: Path) -> None:
+    """The retry counters' table was dropped: the failing body's outcome cannot be written
+    (CONFIGURATION_ERROR, the driver's reason in it), and its claim is released instead of
+    staying PROCESSING for a whole lease, so the next delivery runs instead of being refused
+    as in progress."""
+    if kind == "postgres":
+        require("postgres")
+    from idempotent_tasks import SQLStore
+
+    prefix = unique_prefix()
+    url = f"sqlite:///{tmp_path / 'idem.db'}" if kind == "sqlite" else POSTGRES_URL
+    store = SQLStore(url, table_prefix=prefix)
+    store.create_schema()
+    handler = IdempotencyHandler(store, metrics=None, outcome_retry_timeout=0.5)
+    try:
+        with sa.create_engine(url).begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE {prefix}_retry_counters"))
+
+        def flaky() -> None:
+            raise RuntimeError("transient")
+
+        scope = {"operation": "faults.op", "tenant": "acme", "key": "k-1"}
+        first = handler.run(flaky, **scope)
+        assert (first.kind, first.error_code) == ("poisoned", ErrorCode.CONFIGURATION_ERROR)
+        assert "retry_counters" in (first.detail or "")
+        assert store.get(Scope("acme", "faults.op", "k-1")) is None  # released
+        again = handler.run(lambda: "ran", **scope)
+        assert again.kind != "in_progress"
+    finally:
+        handler.close()
+        with contextlib.suppress(Exception):
+            store.drop_schema()
+        store.close()

@@ -63,7 +63,7 @@ def test_invalid_input_is_refused_before_anything_runs(
     with pytest.raises(IdempotencyError) as ei:
         handler.execute(never, operation=operation, tenant=tenant, key=key, payload=payload)
     assert ei.value.code == code
-    assert handler.store.list_records() == []  # type: ignore[attr-defined]
+    assert handler._engine.store.list_records() == []  # type: ignore[attr-defined]
 
 
 def test_keys_are_compared_exactly(handler: IdempotencyHandler) -> None:

@@ -22,7 +22,17 @@ from ._delivery import KEY_HEADER, TENANT_HEADER
 
 
 def derive_key(parent: str, name: str, position: str) -> str:
-    """The key of the child at ``position`` named ``name`` under the key ``parent``."""
+    """The key of the child at ``position`` named ``name`` under the key ``parent``.
+
+    Args:
+        parent: The key of the canvas the child belongs to.
+        name: The child task's name.
+        position: Where the child sits in the canvas (e.g. ``"0"``, ``"1.2"``).
+
+    Returns:
+        A key that is the same on every delivery of the same canvas and differs for any
+        other (parent, name, position).
+    """
     return keys.derive_key(parent, name, position)
 
 
@@ -31,12 +41,29 @@ def keyed(canvas: Any, key: str, *, tenant: str | None = None) -> Any:
 
     The top-level object owns ``key`` (a single signature uses it as is); ``tenant`` is set on
     every task that has none.  The original canvas is not modified.
+
+    Args:
+        canvas: A Celery signature, chain, group or chord.
+        key: The idempotency key of the whole canvas, made once per logical operation.
+        tenant: The tenant set on every task that has none.
+
+    Returns:
+        The keyed copy, to ``apply_async()`` or ``delay()`` as usual.
     """
     return _assign(maybe_signature(canvas), key, tenant)
 
 
 def idempotent_chain(key: str, *signatures: Any, tenant: str | None = None) -> Any:
-    """``keyed(chain(*signatures), key, tenant=tenant)``."""
+    """``keyed(chain(*signatures), key, tenant=tenant)``.
+
+    Args:
+        key: The idempotency key of the chain.
+        *signatures: The chain's signatures, in order.
+        tenant: The tenant set on every task that has none.
+
+    Returns:
+        The keyed chain.
+    """
     return keyed(chain(*signatures), key, tenant=tenant)
 
 

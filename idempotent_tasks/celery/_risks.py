@@ -41,6 +41,7 @@ def check_configuration(app: celery.Celery) -> list[str]:
     """Report (log and warn) every setting that makes a double run or a lost task possible;
     returns the risk names.  See docs/celery.md, "Leases, visibility_timeout and
     consumer_timeout"."""
+    app.finalize(auto=True)  # every task of the app is known, as in a worker
     risks = find_risks(app)
     report(app, risks)
     return [name for name, _ in risks]
@@ -63,7 +64,7 @@ def find_risks(app: celery.Celery, pool: Any = None) -> list[Risk]:
 
 
 def report(app: celery.Celery, risks: list[Risk]) -> None:
-    log = state_for(app).handler.log
+    log = state_for(app).handler.logger
     for name, fields in risks:
         log.warning("celery_config_risk", risk=name, **fields)
         details = ", ".join(f"{k}={v!r}" for k, v in fields.items())
@@ -121,7 +122,27 @@ def _task_risks(app: celery.Celery) -> list[Risk]:
             risks.append(("acks_early_loses_crashed_tasks", {"task": task.name}))
         if not task.reject_on_worker_lost:
             risks.append(("worker_lost_not_redelivered", {"task": task.name}))
+        if _hard_limit_acks(app, task):
+            risks.append(("hard_time_limit_drops_task",
+                           {"task": task.name, "time_limit": _time_limit(app, task)}))
     return risks
+
+
+def _time_limit(app: celery.Celery, task: Any) -> float | None:
+    limit = task.time_limit if task.time_limit is not None else app.conf.task_time_limit
+    return None if limit is None else float(limit)
+
+
+def _hard_limit_acks(app: celery.Celery, task: Any) -> bool:
+    """A hard time limit that acks the message: the killed attempt is never redelivered (a
+    Celery without ``acks_on_timeout``, or a task that sets it to True)."""
+    if _time_limit(app, task) is None or not task.acks_late:
+        return False
+    if not hasattr(celery.Task, "acks_on_timeout"):  # Celery < 5.7: acks on a hard timeout
+        return bool(task.acks_on_failure_or_timeout
+                    if task.acks_on_failure_or_timeout is not None
+                    else app.conf.task_acks_on_failure_or_timeout)
+    return bool(task.acks_on_timeout)
 
 
 __all__ = ["ConfigurationRiskWarning", "check_configuration", "find_risks", "report_once"]

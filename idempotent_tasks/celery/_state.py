@@ -41,7 +41,17 @@ def state_for(app: celery.Celery) -> CeleryState:
 
 
 def get_handler(app: celery.Celery) -> IdempotencyHandler:
-    """The handler ``setup`` attached to ``app``."""
+    """The handler ``setup`` attached to ``app``.
+
+    Args:
+        app: The Celery app ``setup(app, handler)`` was called with.
+
+    Returns:
+        That handler.
+
+    Raises:
+        ConfigurationError: ``setup`` was never called for ``app``.
+    """
     return state_for(app).handler
 
 

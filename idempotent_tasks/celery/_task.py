@@ -74,6 +74,9 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
     # Crash safety (docs/guarantees.md): a killed worker's message is redelivered, not lost.
     acks_late = True
     reject_on_worker_lost = True
+    #: A hard ``time_limit`` kill is a crash too: the message is requeued (Celery >= 5.7 reads
+    #: this) instead of acked, and the lease and the counter decide what happens next.
+    acks_on_timeout = False
     max_retries = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -225,7 +228,7 @@ def _body(delivery: Delivery, conn: Any) -> Any:
     if conn is not None and _accepts_conn(task):
         kwargs = {**kwargs, "conn": conn}
     if conn is not None:  # the ``outbox`` argument, when the task declares one
-        from ..outbox._arguments import outbox_kwargs
+        from ..outbox import outbox_kwargs
 
         kwargs = {**kwargs, **outbox_kwargs(task.run)}
     try:

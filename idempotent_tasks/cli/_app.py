@@ -74,8 +74,13 @@ def exit_code_for(code: ErrorCode) -> int:
     return _EXIT_BY_CODE.get(code, EXIT_FAILURE)
 
 
+#: The code of a command-line mistake (unknown command or option, missing or invalid
+#: argument): click's own usage errors, exit 2.
+USAGE_CODE = "USAGE"
+
+
 class CliError(click.ClickException):
-    """An error shown as ``error: CODE: message`` on stderr (or ``error: <line>`` when a
+    """An error shown as ``error: CODE: message`` on stderr (``error: CODE: <line>`` when a
     ``line`` is given), exiting with its own code."""
 
     def __init__(self, code: ErrorCode, message: str, *, line: str | None = None) -> None:
@@ -95,10 +100,25 @@ class CliError(click.ClickException):
         return exit_code_for(self.code)
 
     def format_message(self) -> str:
-        return self.line or f"{self.code.value}: {self.message}"
+        return f"{self.code.value}: {self.line or self.message}"
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
+
+
+class CliUsageError(click.UsageError):
+    """click's usage error with a code like every other error: the command's usage, then
+    ``error: USAGE: message`` (exit 2)."""
+
+    def __init__(self, exc: click.UsageError) -> None:
+        super().__init__(exc.format_message(), exc.ctx)
+
+    def show(self, file: Any = None) -> None:
+        ctx = self.ctx
+        if ctx is not None:
+            hint = f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help."
+            click.echo(f"{ctx.get_usage()}\n{hint}\n", err=True)
+        click.echo(f"error: {USAGE_CODE}: {self.message}", err=True)
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -243,9 +263,17 @@ class IdempotencyGroup(click.Group):
         click.Abort,
     )
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise exc if isinstance(exc, CliUsageError) else CliUsageError(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise exc if isinstance(exc, CliUsageError) else CliUsageError(exc) from None
         except self._passthrough:
             raise
         except IdempotencyError as exc:

@@ -34,6 +34,9 @@ from ._report import ScenarioLine
 
 INTEGRATION = "dramatiq"
 TENANT = "demo"
+#: The actors' names, which are their records' operations (what the store stats list).
+OPERATIONS = {name: f"demo.dramatiq.{name}" for name in
+              ("charge", "slow", "reject", "flaky", "crash")}
 QUEUE = "idempotency_demo"
 _FAST: dict[str, Any] = {"min_backoff": 20, "max_backoff": 100, "queue_name": QUEUE}
 
@@ -130,28 +133,28 @@ def _declare(demo: _Demo) -> list[Callable[[dramatiq.Worker], ScenarioLine]]:
     b = demo.broker
     release = threading.Event()
 
-    @idempotent_actor(actor_name="demo_charge", broker=b, **_FAST)
+    @idempotent_actor(actor_name=OPERATIONS["charge"], broker=b, **_FAST)
     def charge(order_id: str, amount: int) -> dict[str, object]:
         demo.ran("charge")
         return {"order": order_id, "charged": amount}
 
-    @idempotent_actor(actor_name="demo_slow", broker=b, **_FAST)
+    @idempotent_actor(actor_name=OPERATIONS["slow"], broker=b, **_FAST)
     def slow(order_id: str) -> str:
         demo.ran("slow")
         release.wait(5)
         return order_id
 
-    @idempotent_actor(actor_name="demo_reject", broker=b, permanent=(_Rejected,), **_FAST)
+    @idempotent_actor(actor_name=OPERATIONS["reject"], broker=b, permanent=(_Rejected,), **_FAST)
     def reject(order_id: str) -> None:
         demo.ran("reject")
         raise _Rejected(f"order {order_id} is invalid")
 
-    @idempotent_actor(actor_name="demo_flaky", broker=b, max_retries=3, **_FAST)
+    @idempotent_actor(actor_name=OPERATIONS["flaky"], broker=b, max_retries=3, **_FAST)
     def flaky(order_id: str) -> None:
         demo.ran("flaky")
         raise ConnectionError("the payment gateway timed out")
 
-    @idempotent_actor(actor_name="demo_crash", broker=b, lease_timeout=0.5, **_FAST)
+    @idempotent_actor(actor_name=OPERATIONS["crash"], broker=b, lease_timeout=0.5, **_FAST)
     def crash(order_id: str) -> str:
         demo.ran("crash")
         return order_id
@@ -174,7 +177,7 @@ def _duplicates(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]
         actor.send_with_options(args=("o-1", 100), idempotency_key=key)
     demo.join(w)
     runs = demo.runs.get("charge", 0)
-    fields = demo.record_fields("demo_charge", key)
+    fields = demo.record_fields(OPERATIONS["charge"], key)
     return ScenarioLine(
         INTEGRATION, "duplicate deliveries", 4, runs, "ran once, replayed 3 times",
         runs == 1 and fields["status"] == Status.SUCCESS.value, fields,
@@ -191,7 +194,8 @@ def _concurrent(
     release.set()
     demo.join(w)
     runs = demo.runs.get("slow", 0)
-    fields = {**demo.record_fields("demo_slow", key), "in_progress_retries": demo.watch.in_progress}
+    fields = {**demo.record_fields(OPERATIONS["slow"], key),
+              "in_progress_retries": demo.watch.in_progress}
     return ScenarioLine(
         INTEGRATION, "concurrent duplicates", 3, runs,
         "ran once; duplicates retried while it ran, then replayed",
@@ -206,7 +210,7 @@ def _permanent(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any])
     demo.broker.enqueue(message)  # redelivered: refused, never re-run
     demo.join(w)
     runs = demo.runs.get("reject", 0)
-    fields = demo.record_fields("demo_reject", key)
+    fields = demo.record_fields(OPERATIONS["reject"], key)
     dead = sum(1 for m in demo.broker.dead_letters if m.message_id == message.message_id)
     return ScenarioLine(
         INTEGRATION, "permanent failure", 2, runs, "poisoned at once, dead-lettered",
@@ -220,7 +224,7 @@ def _flaky(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> 
     message = actor.send_with_options(args=("o-4",), idempotency_key=key)
     demo.join(w)
     runs = demo.runs.get("flaky", 0)
-    fields = demo.record_fields("demo_flaky", key)
+    fields = demo.record_fields(OPERATIONS["flaky"], key)
     dead = any(m.message_id == message.message_id for m in demo.broker.dead_letters)
     return ScenarioLine(
         INTEGRATION, "flaky actor", 1, runs,
@@ -234,15 +238,16 @@ def _crash(demo: _Demo, w: dramatiq.Worker, actor: dramatiq.Actor[Any, Any]) -> 
     key = demo.key("crash")
     payload = {"args": ["o-5"], "kwargs": {}}
     # a worker claimed the scope, then died without a trace
-    simulate_crash(demo.handler, operation="demo_crash", tenant=TENANT, key=key, payload=payload)
+    operation = OPERATIONS["crash"]
+    simulate_crash(demo.handler, operation=operation, tenant=TENANT, key=key, payload=payload)
     recovered = _wait_until(
-        lambda: demo.handler.get_record(operation="demo_crash", tenant=TENANT, key=key) is None,
+        lambda: demo.handler.get_record(operation=operation, tenant=TENANT, key=key) is None,
         timeout=10,
     )
     actor.send_with_options(args=("o-5",), idempotency_key=key)
     demo.join(w)
     runs = demo.runs.get("crash", 0)
-    fields = demo.record_fields("demo_crash", key)
+    fields = demo.record_fields(OPERATIONS["crash"], key)
     return ScenarioLine(
         INTEGRATION, "worker crash", 1, runs,
         "a dead worker's claim, freed by in-worker maintenance; then "

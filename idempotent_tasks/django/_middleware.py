@@ -17,7 +17,15 @@ only speaks Django.  Per protected request (see :mod:`._views` for which ones):
   view (key, tenant, fencing token…) and carries the outcome's kind afterwards; it is
   ``None`` on requests the middleware does not protect.
 
-Put it after ``AuthenticationMiddleware`` when ``GET_TENANT`` reads ``request.user``.
+Put it after ``AuthenticationMiddleware`` when ``GET_TENANT`` reads ``request.user``.  Any
+place in ``MIDDLEWARE`` keeps a replay's security headers: the response's own security headers
+(``X-Frame-Options``, ``Content-Security-Policy``, ``Referrer-Policy``…, set by the view or by
+middleware inside this one) are stored with it and replayed, and so is ``Vary: Cookie`` when
+the view read the session; middleware outside this one runs on replays as on first responses.
+``Set-Cookie`` is never stored: a cookie minted for the first request's client (a session, a
+CSRF token) is not handed to whoever retries.  A replay runs no view and no ``process_view``
+hook (``CsrfViewMiddleware``'s check included): it performs nothing, it only repeats the
+answer a request that passed those checks got.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
+from django.utils.cache import patch_vary_headers
 
 from .._core.context import current_context
 from .._core.errors import ConfigurationError, IdempotencyError
@@ -177,6 +186,8 @@ class _Exchange:
             ok = 200 <= status < 300
             raise failure(status, settings, None, sent=False,
                           reason="response_too_large" if ok else "unsuccessful_status")
+        if _read_the_session(self.request):
+            patch_vary_headers(response, ("Cookie",))
         answer = captured(response)
         failed = classify(answer, settings, self.policy)
         if failed is not None:
@@ -266,6 +277,16 @@ class _AsyncExchange(_Exchange):
     async def _body(self) -> dict[str, Any]:
         self.enter_body()
         return self.finish(await self.middleware.get_response(self.request))
+
+
+def _read_the_session(request: Any) -> bool:
+    """Whether this response depends on the session cookie.
+
+    ``SessionMiddleware`` adds ``Vary: Cookie`` on the way out when the request read the
+    session; outside this middleware it does so after the response was stored, and a replay
+    (no view, so no session read) would go out without it.  Adding it here stores it."""
+    session = getattr(request, "session", None)
+    return bool(getattr(session, "accessed", False))
 
 
 async def _call(fn: Callable[[Any], Any], request: Any) -> Any:

@@ -314,7 +314,8 @@ class _Exchange:
         ctx.outcome = outcome.kind
         self.state["idempotency"] = ctx
         response = library_response(
-            outcome, self.match.settings.status_map, self.policy.profile
+            outcome, self.match.settings.status_map, self.policy.profile,
+            self.policy.handler.logger,
         )
         await self.capture.flush()  # a streamed response ends once its outcome is written
         if response is not None:

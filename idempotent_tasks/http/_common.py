@@ -37,12 +37,33 @@ KEY_ENVIRON = "HTTP_" + KEY_HEADER.upper().replace("-", "_")
 #: Added to every replayed response.
 REPLAYED_HEADER = (b"idempotent-replayed", b"true")
 
+#: Security headers a response carries about itself (framing, sniffing, referrer, isolation,
+#: transport and content policies).  They are the same for every client of the response, so
+#: they are stored and replayed: a replay never goes out with less protection than the first
+#: response had, whichever middleware set them and wherever it sits in the stack.
+SECURITY_HEADERS: frozenset[str] = frozenset(
+    {
+        "x-frame-options",
+        "x-content-type-options",
+        "x-xss-protection",
+        "referrer-policy",
+        "strict-transport-security",
+        "content-security-policy",
+        "content-security-policy-report-only",
+        "permissions-policy",
+        "cross-origin-opener-policy",
+        "cross-origin-embedder-policy",
+        "cross-origin-resource-policy",
+    }
+)
+
 #: Response headers stored with a success and sent again on replays: those that describe the
-#: content or the created resource.  Left out on purpose: ``date`` and ``server`` (they
-#: describe this transmission, the server adds fresh ones), ``set-cookie`` (a session
-#: credential minted for the first request must not be handed out again), hop-by-hop
-#: headers (``connection``, ``transfer-encoding``) and per-request ids (``x-request-id``).
-DEFAULT_REPLAY_HEADERS: frozenset[str] = frozenset(
+#: content or the created resource, and the :data:`SECURITY_HEADERS`.  Left out on purpose:
+#: ``date`` and ``server`` (they describe this transmission, the server adds fresh ones),
+#: ``set-cookie`` (a session or CSRF credential minted for the first request's client must
+#: never be handed to whoever retries), hop-by-hop headers (``connection``,
+#: ``transfer-encoding``) and per-request ids (``x-request-id``).
+DEFAULT_REPLAY_HEADERS: frozenset[str] = SECURITY_HEADERS | frozenset(
     {
         "content-type",
         "content-length",
@@ -189,6 +210,8 @@ class KeptResponse(UnsuccessfulResponse, Poison):
 class ReleasedResponse(UnsuccessfulResponse, Release):
     """A 401/403/407: not the operation's outcome, so the key is released uncounted."""
 
+    counted = False
+
     def __init__(self, response: CapturedResponse | None, *, sent: bool) -> None:
         super().__init__(response, permanent=False, sent=sent, reason="not_allowed")
 
@@ -306,6 +329,7 @@ __all__ = [
     "KEY_HEADER_BYTES",
     "RELEASED_STATUSES",
     "REPLAYED_HEADER",
+    "SECURITY_HEADERS",
     "CapturedResponse",
     "HTTPRequest",
     "KeptResponse",

@@ -39,7 +39,18 @@ def parse_key(fields: Sequence[bytes | str]) -> str | None:
     """The key carried by the ``Idempotency-Key`` field lines of one request (``None`` when
     there is none).  ``str`` values are taken as PEP 3333 / Django ``META`` give them:
     latin-1 decoded bytes, repeated fields already joined with commas (so WSGI and Django
-    pass ``[] if value is None else [value]``; ASGI passes every field it received)."""
+    pass ``[] if value is None else [value]``; ASGI passes every field it received).
+
+    Args:
+        fields: The request's ``Idempotency-Key`` field values, in order.
+
+    Returns:
+        The key, or ``None`` when the request carries no such field.
+
+    Raises:
+        InvalidInputError: ``INVALID_KEY``: the fields do not carry exactly one non-empty
+            key (an RFC 8941 string or token).
+    """
     if not fields:
         return None
     if len(fields) > 1:

@@ -282,7 +282,8 @@ class _Exchange:
         ctx.outcome = outcome.kind
         self.environ["idempotency"] = ctx
         response = library_response(
-            outcome, self.match.settings.status_map, self.policy.profile
+            outcome, self.match.settings.status_map, self.policy.profile,
+            self.policy.handler.logger,
         )
         error = app_exception(outcome)
         if response is not None or error is not None:

@@ -10,17 +10,16 @@ runs worker *subprocesses*.  ``broker_heartbeat = 0`` only makes the embedded wo
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from tests._services import RABBITMQ_URL, REDIS_URL, require
+from tests._wait import wait_until as _wait_until
 
 RESULT_TIMEOUT = 20.0
 
@@ -59,11 +58,7 @@ def running_worker(app: Celery, concurrency: int = 4) -> Iterator[Any]:
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Wait for a condition another thread/process makes true (bounded; fails loudly)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
+    _wait_until(predicate, what or repr(predicate), timeout, poll=0.01)
 
 
 class Counter:

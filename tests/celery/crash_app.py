@@ -40,3 +40,16 @@ def charge(order: str) -> str:
     with (WORKDIR / "effects").open("a") as f:
         f.write(f"{order}\n")
     return f"charged {order} on attempt {attempt}"
+
+
+@app.task(base=IdempotentTask, name="crash.slow", wait_backoff=(0.3, 0.6), shared=False,
+          time_limit=3)
+def slow(order: str) -> str:
+    """Its first attempt outlives the hard ``time_limit``: the pool kills it (a crash)."""
+    attempt = len(list(WORKDIR.glob("slow-started-*"))) + 1
+    (WORKDIR / f"slow-started-{attempt}").write_text(str(os.getpid()))
+    if attempt == 1:
+        threading.Event().wait(120)  # killed by the time limit here, before the effect
+    with (WORKDIR / "slow-effects").open("a") as f:
+        f.write(f"{order}\n")
+    return f"charged {order} on attempt {attempt}"

@@ -116,3 +116,36 @@ def test_setup_alone_reports_nothing_before_a_worker_sets_up_logging() -> None:
         assert app.conf.broker_url  # configures the app (on_after_configure)
     assert caught == []
     assert state.risks == ["lease_may_expire_while_running"]  # computed, for the worker
+
+
+def test_a_hard_time_limit_that_acks_the_message_is_a_risk() -> None:
+    """An idempotent task is requeued on a hard time limit (``acks_on_timeout=False``); a task
+    that asks Celery to ack it then (or a Celery that always does) loses the killed attempt's
+    message: reported."""
+    from idempotent_tasks.celery import IdempotentTask
+
+    app = Celery("limits", broker="redis://127.0.0.1:6379/4", set_as_current=False)
+    setup(app, IdempotencyHandler(MemoryStore(), metrics=None, lease_timeout=10,
+                                  heartbeat_interval=2), beat=False)
+
+    @app.task(base=IdempotentTask, name="limits.requeued", shared=False, time_limit=5)
+    def requeued() -> None: ...
+
+    @app.task(base=IdempotentTask, name="limits.acked", shared=False, time_limit=5,
+              acks_on_timeout=True, acks_on_failure_or_timeout=True)
+    def acked() -> None: ...
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        risks = check_configuration(app)
+    assert "hard_time_limit_drops_task" in risks
+    from idempotent_tasks.celery._risks import find_risks
+
+    flagged = [fields["task"] for name, fields in find_risks(app)
+               if name == "hard_time_limit_drops_task"]
+    import celery
+
+    if hasattr(celery.Task, "acks_on_timeout"):
+        assert flagged == ["limits.acked"]
+    else:
+        assert sorted(flagged) == ["limits.acked", "limits.requeued"]

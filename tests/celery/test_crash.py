@@ -48,10 +48,10 @@ def crash_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield env
 
 
-def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def start_worker(env: dict[str, str], log: Path, pool: str = "solo") -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "celery", "-A", "tests.celery.crash_app", "worker",
-        "--pool=solo", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        f"--pool={pool}", "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-Q", env["IT_CRASH_QUEUE"], "--loglevel=INFO", "-n", f"w{uuid.uuid4().hex[:6]}@%h",
     ]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
@@ -91,5 +91,51 @@ def test_sigkill_mid_task_is_redelivered_and_taken_over_once(
             if w.poll() is None:
                 w.kill()
                 w.wait(10)
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(crash_env["IT_CRASH_QUEUE"])
+
+
+def test_hard_time_limit_kill_is_requeued_and_taken_over_once(
+    crash_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A prefork child killed by the task's hard ``time_limit`` (before its effect): the
+    message is requeued, not acked (``acks_on_timeout=False``), so the lease expires, the
+    redelivery takes the scope over (the killed attempt counted) and the effect happens once."""
+    import celery
+
+    if not hasattr(celery.Task, "acks_on_timeout"):
+        pytest.skip("this Celery acks a hard time limit; the worker warns instead")
+    app = Celery("crash_client", broker=RABBITMQ_URL, backend=REDIS_URL, set_as_current=False)
+    app.conf.task_default_queue = crash_env["IT_CRASH_QUEUE"]
+    log = tmp_path / "workers.log"
+    worker = start_worker(crash_env, log, pool="prefork")
+    store = SQLStore(crash_env["IT_CRASH_STORE"])
+    handler = IdempotencyHandler(store, metrics=None)
+    try:
+        k = f"k-{uuid.uuid4()}"
+        app.send_task("crash.slow", args=("o-1",),
+                      headers={"idempotency_key": k, "idempotency_tenant": "acme"})
+        effects = tmp_path / "slow-effects"
+        wait_for(effects.exists, timeout=120, what="the attempt after the time-limit kill")
+
+        def settled() -> bool:
+            record = handler.get_record(operation="crash.slow", tenant="acme", key=k)
+            return record is not None and record.status is Status.SUCCESS
+
+        wait_for(settled, timeout=60, what="the takeover's SUCCESS")
+        assert effects.read_text().splitlines() == ["o-1"]
+        assert len(list(tmp_path.glob("slow-started-*"))) == 2
+        record = handler.get_record(operation="crash.slow", tenant="acme", key=k)
+        assert record is not None and record.retry_count == 1
+        assert "Hard time limit" in log.read_text()  # the fault happened
+    finally:
+        store.close()
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(10)
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(crash_env["IT_CRASH_QUEUE"])

@@ -156,15 +156,15 @@ def test_worker_maintenance_runs_recovery_under_a_store_lease() -> None:
     state = setup(app, handler, maintenance="worker", recover_every=0.05, cleanup_every=60)
     assert RECOVER_TASK not in (app.conf.beat_schedule or {})
     assert RECOVER_TASK in app.tasks and CLEANUP_TASK in app.tasks
-    call = handler.prepare("m.op", "t", key(), {"x": 1}, True, lease_timeout=0.01)
+    call = handler._engine.prepare("m.op", "t", key(), {"x": 1}, True, lease_timeout=0.01)
     assert call is not None
     claimed(handler, call)  # the claiming worker "died"
     worker = FakeWorker(app)
     signals.worker_ready.send(sender=worker)
     try:
         assert state.runner is not None
-        wait_for(lambda: handler.store.get(call.scope) is None, what="recovery by the runner")
-        assert handler.store.get_retry_count(call.scope) == 1
+        wait_for(lambda: handler._engine.store.get(call.scope) is None, what="recovery by the runner")
+        assert handler._engine.store.get_retry_count(call.scope) == 1
     finally:
         signals.worker_shutdown.send(sender=worker)
     assert state.runner._thread is not None and not state.runner._thread.is_alive()

@@ -89,7 +89,7 @@ def test_a_retry_that_succeeded_first_is_not_left_in_retry(
 ) -> None:
     task, handler, retried = race
     k = key()
-    other = handler.prepare(task.name, TENANT, k, {"args": ["o-1"], "kwargs": {}}, True)
+    other = handler._engine.prepare(task.name, TENANT, k, {"args": ["o-1"], "kwargs": {}}, True)
     claim = claimed(handler, other)  # another attempt holds the scope: the delivery waits
     HeldRetryBackend.release.clear()
     HeldRetryBackend.hold.set()

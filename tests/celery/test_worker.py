@@ -427,7 +427,7 @@ def test_beat_entries_and_maintenance_tasks(env: Env) -> None:
     assert schedule[CLEANUP_TASK]["schedule"] == 3600.0
     # a claimed scope whose worker died: its lease is already over
     h, k = env.handler, key()
-    call = h.prepare("t.charge", TENANT, k, {"args": ["o-stuck", 1], "kwargs": {}}, True,
+    call = h._engine.prepare("t.charge", TENANT, k, {"args": ["o-stuck", 1], "kwargs": {}}, True,
                      lease_timeout=0.01)
     assert call is not None
     claimed(h, call)

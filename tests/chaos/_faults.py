@@ -34,15 +34,12 @@ from pathlib import Path
 import redis
 
 from tests._private_postgres import FaultNotVerified, refused
+from tests._wait import wait_until as _wait_until
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.1) -> None:
-    """Wait for a state another process produces; fail loudly at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
+    """Wait for a state another process produces; fail loudly at the (scaled) deadline."""
+    _wait_until(predicate, what, timeout, poll=poll)
 
 
 def wall_clock() -> str:

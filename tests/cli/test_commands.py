@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import sqlite3
 import subprocess
@@ -318,7 +319,8 @@ def test_missing_schema_says_run_migrate_once(
         args = ["--store", POSTGRES_URL, "--prefix", unique_prefix("nomigrate")]
     result = CliRunner().invoke(cli, [*args, *command])
     assert result.exit_code == EXIT_CONFIGURATION == 5, result.output
-    assert result.stderr == "error: schema not created: run `idempotent-tasks migrate`\n"
+    assert result.stderr == (
+        "error: CONFIGURATION_ERROR: schema not created: run `idempotent-tasks migrate`\n")
     assert result.stdout == ""
 
 
@@ -357,10 +359,28 @@ def test_store_url_from_environment(seeded: Seeded) -> None:
     assert _json(result)["total"] == 5
 
 
-def test_usage_errors_exit_2() -> None:
-    assert CliRunner().invoke(cli, ["inspect", "only-tenant"]).exit_code == EXIT_USAGE
-    assert CliRunner().invoke(cli, ["no-such-command"]).exit_code == EXIT_USAGE
-    assert CliRunner().invoke(cli, ["recover", "--limit", "0"]).exit_code == EXIT_USAGE
+@pytest.mark.parametrize("argv", [["inspect", "only-tenant"], ["no-such-command"],
+                                  ["recover", "--limit", "0"], ["--log-level", "loud", "stats"],
+                                  ["stats", "--no-such-option"]])
+def test_usage_errors_exit_2_with_a_code(argv: list[str]) -> None:
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.stderr.splitlines()[-1].startswith("error: USAGE: ")
+    assert result.stderr.startswith("Usage: ")  # what the command takes comes first
+
+
+@pytest.mark.parametrize("argv", [["list"], ["stats"], ["inspect", "t", "op", "k"],
+                                  ["--store", "mongodb://x/y", "stats"], ["inspect", "t"]])
+def test_every_error_line_carries_a_code(argv: list[str], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``error: CODE: message``, as the README promises, whatever went wrong (here: no
+    database in the current directory, a bad URL, a missing argument)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("IDEMPOTENT_TASKS_STORE", raising=False)
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and re.match(r"error: [A-Z_]+: \S", errors[0]), result.stderr
 
 
 def test_main_returns_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -395,13 +415,15 @@ def test_a_missing_sqlite_file_is_not_created(command: list[str], tmp_path: Path
     default = CliRunner().invoke(cli, command)
     assert default.exit_code == EXIT_CONFIGURATION == 5, default.output
     assert default.stderr == (
-        "error: no such database: idempotency.db does not exist; schema not created: run "
+        "error: CONFIGURATION_ERROR: no such database: idempotency.db does not exist; "
+        "schema not created: run "
         "`idempotent-tasks --store sqlite:///idempotency.db migrate`\n")
     typo = tmp_path / "idempotncy.db"
     mistyped = CliRunner().invoke(cli, ["--store", f"sqlite:///{typo}", "--prefix", "app",
                                         *command])
     assert mistyped.exit_code == 5
-    assert mistyped.stderr.startswith(f"error: no such database: {typo} does not exist")
+    assert mistyped.stderr.startswith(
+        f"error: CONFIGURATION_ERROR: no such database: {typo} does not exist")
     assert "--prefix app migrate`" in mistyped.stderr
     assert list(tmp_path.iterdir()) == []
 

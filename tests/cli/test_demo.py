@@ -29,6 +29,11 @@ CORE_SCENARIOS = (
 )
 
 
+def flat(out: str) -> str:
+    """The report with its 80-column wrapping undone (rich wraps at spaces)."""
+    return " ".join(out.split())
+
+
 def _present(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -56,14 +61,19 @@ def test_demo_end_to_end_on_embedded_sqlite(tmp_path: Path) -> None:
                    "recovered_total", "lease_lost_total"):
         assert metric in out
     assert "Store stats" in out and "demo.core.charge" in out
+    # stdout is a pipe and COLUMNS says 200: the report still fits an 80-column terminal
+    too_wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not too_wide, too_wide
     assert not list(tmp_path.iterdir())  # nothing left in the cwd
     # The framework sections run whenever their modules are installed.
     for name, title in (("celery", "Celery (a real worker"), ("dramatiq", "Dramatiq (a real")):
         if _present(f"idempotent_tasks.demo.{name}_scenario"):
             assert f"skipped {name}" not in out
             assert re.search(rf"^{re.escape(title)}", out, re.M), f"no {name} rows"
+            assert f"demo.{name}.charge" in out  # its store-stats rows say whose they are
         else:
-            assert f"skipped {name}: its scenario module is not part of this installation" in out
+            assert (f"skipped {name}: its scenario module is not part of this installation"
+                    in flat(out))
 
 
 def test_python_m_demo_on_a_memory_store() -> None:
@@ -73,7 +83,7 @@ def test_python_m_demo_on_a_memory_store() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "demo OK: all 12 scenarios" in proc.stdout
-    assert "skipped celery: its workers need a store they can share" in proc.stdout
+    assert "skipped celery: its workers need a store they can share" in flat(proc.stdout)
 
 
 def _fake_section(monkeypatch: pytest.MonkeyPatch, name: str, runner: object) -> None:
@@ -95,8 +105,9 @@ def test_a_line_that_is_not_ok_fails_the_demo(monkeypatch: pytest.MonkeyPatch) -
     _only(monkeypatch, ("fake", "fake_bad_scenario", "fake"))
     result = CliRunner().invoke(cli, ["demo"])
     assert result.exit_code == 1
-    assert "demo FAILED: 1 of 13 scenarios did not behave as guaranteed" in result.stdout
-    assert "fake/duplicate deliveries" in result.stdout
+    out = flat(result.stdout)
+    assert "demo FAILED: 1 of 13 scenarios did not behave as guaranteed" in out
+    assert "fake/duplicate deliveries" in out
 
 
 def test_crashing_and_missing_sections(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,8 +122,9 @@ def test_crashing_and_missing_sections(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     result = CliRunner().invoke(cli, ["demo"])
     assert result.exit_code == 1
-    assert "section crashed" in result.stdout and "worker did not start" in result.stdout
-    assert "skipped absent: its scenario module is not part of this installation" in result.stdout
+    out = flat(result.stdout)
+    assert "section crashed" in out and "worker did not start" in out
+    assert "skipped absent: its scenario module is not part of this installation" in out
 
 
 def test_missing_framework_is_skipped_with_the_install_hint(
@@ -127,7 +139,7 @@ def test_missing_framework_is_skipped_with_the_install_hint(
     result = CliRunner().invoke(cli, ["demo"])
     assert result.exit_code == 0, result.output
     assert ("skipped fw: framework_that_is_not_installed_xyz is not installed: "
-            "pip install 'idempotent-tasks[fw]'") in result.stdout
+            "pip install 'idempotent-tasks[fw]'") in flat(result.stdout)
 
 
 def test_keep_leaves_the_workdir(monkeypatch: pytest.MonkeyPatch) -> None:

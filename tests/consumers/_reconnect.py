@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 import uuid
 from collections.abc import Callable
 from urllib.parse import quote
 
-import pytest
+from tests._wait import wait_until as _wait_until
 
 from .._services import require
 
@@ -26,11 +25,7 @@ def rabbitmqctl(*args: str) -> str:
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # polling a broker or a process that does the work
+    _wait_until(condition, what, timeout, poll=0.05)  # a broker or a process doing the work
 
 
 class Vhost:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests._wait import wait_until as _wait_until
+
 from .._services import IN_CI, RABBITMQ_URL, require
 
 
@@ -135,11 +137,7 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int = 1) -> li
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll a condition that the code under test makes true (not a sleep that hopes)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    _wait_until(condition, what, timeout)
 
 
 @pytest.fixture

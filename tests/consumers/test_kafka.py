@@ -183,7 +183,7 @@ def test_a_retried_partition_does_not_stall_the_others(kafka_bootstrap: str) -> 
     topic = create_topic(kafka_bootstrap, partitions=2)
     consumer = make_consumer()
     handler = consumer.handler
-    busy = handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
+    busy = handler._engine.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
     assert busy is not None
     claim = claimed(handler, busy)  # another worker holds this scope
     produce(kafka_bootstrap, topic, [
@@ -240,7 +240,7 @@ def test_a_retry_pending_through_an_eager_rebalance_is_consumed_again(
     then all assigned back to the loop); the retry's own backoff is longer than the test."""
     topic, elsewhere = create_topic(kafka_bootstrap, partitions=2), create_topic(kafka_bootstrap)
     consumer = make_consumer()
-    busy = consumer.handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
+    busy = consumer.handler._engine.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
     assert busy is not None
     claim = claimed(consumer.handler, busy)  # another worker holds this scope
     produce(kafka_bootstrap, topic, [{**record({"i": "busy"}, "busy"), "partition": 0},

@@ -214,7 +214,7 @@ def test_store_down_acks_nothing_and_processes_after_heal(rabbit_queue: str) -> 
 def test_in_progress_message_is_held_without_blocking_others(rabbit_queue: str) -> None:
     consumer = make_consumer()
     handler = consumer.handler
-    busy = handler.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
+    busy = handler._engine.prepare("orders.created", "acme", "busy", {"i": "busy"}, True)
     assert busy is not None
     claim = claimed(handler, busy)
     seen = Seen()

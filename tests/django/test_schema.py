@@ -139,3 +139,14 @@ def test_the_models_read_records_and_refuse_writes(alias: str) -> None:
 
 def _fail() -> Any:
     raise RuntimeError("transient")
+
+
+@pytest.mark.django_db(databases=["default", "sqlite"])
+def test_the_models_need_no_migration_the_library_does_not_ship(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``makemigrations --check`` is clean for the app: a user's ``migrate`` never reports
+    changes "not yet reflected in a migration", and ``makemigrations`` never writes into the
+    installed library."""
+    call_command("makemigrations", "idempotent_tasks", "--check", "--dry-run", verbosity=1)
+    assert "No changes detected" in capsys.readouterr().out

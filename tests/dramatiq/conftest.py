@@ -19,6 +19,7 @@ from dramatiq.results.backends import StubBackend
 from idempotent_tasks import IdempotencyHandler, MemoryStore
 from idempotent_tasks.dramatiq import IdempotencyMiddleware
 from idempotent_tasks.testing import FaultyStore
+from tests._wait import budget
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Observer(Middleware):
 
     def wait_for(self, predicate: Callable[[list[Event]], bool], timeout: float = 10.0) -> None:
         with self.cond:
-            if not self.cond.wait_for(lambda: predicate(self.events), timeout):
+            if not self.cond.wait_for(lambda: predicate(self.events), budget(timeout)):
                 raise AssertionError(f"timed out; events: {self.events}")
 
     def errors(self, code: str | None = None) -> list[Event]:

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from idempotent_tasks import (
     current_context,
 )
 from idempotent_tasks.dramatiq import IdempotencyRetry, idempotent_actor
+from tests._wait import wait_until as _wait_until
 
 from .._services import REDIS_URL, require
 from .conftest import Env, close_env, make_env
@@ -304,11 +304,7 @@ def _lines(env: dict[str, str], name: str) -> list[str]:
 
 
 def _wait(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # polling the files the worker processes write
+    _wait_until(condition, what, timeout, poll=0.05)  # the files the workers write
 
 
 @pytest.mark.timeout(180)

@@ -338,7 +338,7 @@ def test_maintenance_runs_in_the_worker_and_recovers_a_crashed_claim() -> None:
             runs.append(1)
 
         # A worker claimed the scope and died (nothing will ever complete it).
-        call = env.handler.prepare("job", "acme", "c-1", {"args": [], "kwargs": {}}, True)
+        call = env.handler._engine.prepare("job", "acme", "c-1", {"args": [], "kwargs": {}}, True)
         assert call is not None and claimed(env.handler, call)
         env.start()
         runner = env.middleware.maintenance_runner

@@ -48,7 +48,7 @@ def sql_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[En
 
 
 def _rows(env: Env, ledger: sa.Table) -> list[str]:
-    with env.handler.store.inner.engine.connect() as conn:  # type: ignore[attr-defined]
+    with env.handler._engine.store.inner.engine.connect() as conn:  # type: ignore[attr-defined]
         return [r[0] for r in conn.execute(sa.select(ledger.c.order_id))]
 
 

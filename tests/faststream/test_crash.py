@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import redis
 
 from idempotent_tasks import IdempotencyHandler, RedisStore, Status
+from tests._wait import wait_until as _wait_until
 
 from .._services import REDIS_URL, require
 
@@ -53,11 +53,7 @@ def prefix() -> Iterator[str]:
 
 
 def _wait(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # polling what the subscriber processes write
+    _wait_until(condition, what, timeout, poll=0.05)  # type: ignore[arg-type]
 
 
 def test_killed_subscriber_is_redelivered_and_taken_over_once(

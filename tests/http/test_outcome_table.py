@@ -5,6 +5,7 @@ exactly the :class:`~idempotent_tasks.Outcome` kind."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from idempotent_tasks import IdempotencyContext, IdempotencyHandler
 from idempotent_tasks.stores.base import Store
-from idempotent_tasks.testing import FaultyStore, simulate_crash
+from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
 from ._apps import ASGIDriver, Resp, Script, WSGIDriver, fastapi_app, flask_app
 
@@ -180,3 +181,48 @@ def test_store_unavailable_is_503_with_retry_after(make: MakeRecording, http_sto
     assert (r.status, code_of(r), outcome) == (503, "OUTCOME_NOT_RECORDED", "store_unavailable")
     assert r.header("retry-after") == "1"
     assert script.runs == 1
+
+
+def test_superseded_is_409_with_retry_after(make: MakeRecording, http_store: Store) -> None:
+    """The body ran, but froze past its lease while another attempt took the scope over:
+    its own response is fenced off and never sent as the operation's answer."""
+    clock = FakeClock()
+    handler = IdempotencyHandler(http_store, metrics=None, clock=clock, lease_timeout=10)
+    key = new_key()
+
+    def take_over(_item: str) -> None:  # the forced lease loss
+        clock.advance(11)
+        simulate_crash(handler, operation=PAY, tenant="acme", key=key, payload=PAYLOAD)
+
+    script = Script(on_run=take_over)
+    r, outcome = make(handler, script).post(key)
+    assert (r.status, code_of(r), outcome) == (409, "REQUEST_IN_PROGRESS", "superseded")
+    assert r.header("retry-after") == "1"
+    assert script.runs == 1
+
+
+def test_5xx_bodies_name_no_host_port_or_driver_text(make: MakeRecording) -> None:
+    """A store that cannot be reached: the 503 says so generically, with a correlation id;
+    the driver's message (host, port) goes only to the log line with the same id."""
+    from idempotent_tasks import SQLStore, create_logger_adapter
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lines: list[tuple[str, str, dict[str, Any]]] = []
+    store = SQLStore(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test", connect_timeout=2)
+    handler = IdempotencyHandler(
+        store, metrics=None, logger=create_logger_adapter(
+            lambda level, event, fields: lines.append((level, event, dict(fields)))),
+    )
+    script = Script()
+    r, outcome = make(handler, script).post(new_key())
+    assert (r.status, code_of(r), outcome) == (503, "STORE_UNAVAILABLE", "store_unavailable")
+    body = r.content.decode()
+    assert "127.0.0.1" not in body and str(port) not in body and "psycopg" not in body.lower()
+    reference = r.json()["error"]["message"].rsplit("correlation id ", 1)[1].rstrip(")")
+    withheld = [f for _, event, f in lines if event == "http_error_detail_withheld"]
+    assert [f["correlation_id"] for f in withheld] == [reference]
+    assert str(port) in withheld[0]["error"]  # the inside, in the log only
+    assert script.runs == 0
+    store.close()

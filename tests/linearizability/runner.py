@@ -27,11 +27,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests._wait import wait_until as _wait_until
 
 from .history import Op, load
 
@@ -230,11 +231,7 @@ def _open_invocation(path: Path, *, writes: bool = False) -> str | None:
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + _DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)  # polling the workers' files
+    _wait_until(condition, what, _DEADLINE, poll=0.005)  # polling the workers' files
 
 
 @contextlib.contextmanager

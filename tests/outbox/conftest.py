@@ -20,6 +20,7 @@ from idempotent_tasks.outbox import Outbox, OutboxRow
 from idempotent_tasks.outbox.publishers import SENT, PublishResult
 from idempotent_tasks.testing import FakeClock
 from tests._services import POSTGRES_URL, private_vhost, require
+from tests._wait import wait_until as _wait_until
 from tests.consumers.conftest import kafka_bootstrap  # noqa: F401  (the session's Tansu)
 
 TENANT = "acme"
@@ -172,8 +173,4 @@ def read_queue(url: str, queue: str, count: int, timeout: float = 20.0) -> list[
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll a condition that the code under test makes true (never a sleep that hopes)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    _wait_until(condition, what, timeout)

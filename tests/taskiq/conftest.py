@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests._wait import wait_until as _wait_until
 
 from .._services import REDIS_URL, private_vhost, require
 
@@ -156,8 +157,4 @@ async def ping(app: App, timeout: float) -> bool:
 
 
 def wait_for(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # polling what the worker writes
+    _wait_until(condition, what, timeout)  # polling what the worker writes

@@ -15,4 +15,5 @@ urlpatterns = [
     path("stream", views.stream),
     path("crash", views.crash),
     path("ping", views.ping),
+    path("secured/<str:item>", views.secured),
 ]

@@ -102,3 +102,12 @@ def exempt(request: Any, item: str) -> HttpResponse:
 async def async_order(request: Any, item: str) -> HttpResponse:
     run, status = SCRIPT.next(request)
     return JsonResponse({"id": item, "run": run}, status=status)
+
+
+@idempotent_view
+def secured(request: Any, item: str) -> HttpResponse:
+    """Reads the session (through ``request.user``) and writes it: what a view behind
+    Django's own middleware stack does."""
+    run, status = SCRIPT.next(request)
+    request.session["last_order"] = item
+    return JsonResponse({"id": item, "run": run, "user": str(request.user)}, status=status)
