@@ -85,7 +85,17 @@ def derive_task_key(
 ) -> str:
     """The key of a task enqueued from the body of ``ctx``: the hex SHA-256 of the
     length-prefixed parts (the one derivation the library uses for child keys, so no two
-    different tuples of parts share a key)."""
+    different tuples of parts share a key).
+
+    Args:
+        ctx: The context of the body that enqueues (``current_context()``).
+        task_name: The enqueued task's or actor's name.
+        key_suffix: Tells apart several enqueues of the same task at one position.
+        position: The enqueue's position within the body (``enqueue_once`` counts them).
+
+    Returns:
+        The child's key: the same on every attempt of the parent body.
+    """
     return derive_key(
         ctx.tenant or "", ctx.operation, ctx.key or "", task_name, key_suffix, str(position)
     )
@@ -110,6 +120,19 @@ def enqueue_once(task_or_actor: Any, *args: Any, key_suffix: str = "", **kwargs:
     Must run inside a body the library protects (a protected request, task or message):
     outside one there is no scope to derive from, and enqueuing without a key would lose
     the exactly-once guarantee silently, so it raises ``ConfigurationError`` instead.
+
+    Args:
+        task_or_actor: A Celery task or a Dramatiq actor.
+        *args: The task's positional arguments.
+        key_suffix: Tells apart two enqueues of the same task from one body.
+        **kwargs: The task's keyword arguments.
+
+    Returns:
+        The Dramatiq ``Message`` or the Celery ``AsyncResult``.
+
+    Raises:
+        ConfigurationError: Outside a protected body, or for an object that is neither a
+            Celery task nor a Dramatiq actor.
     """
     ctx = current_context()
     if ctx is None or ctx.key is None or ctx.tenant is None:

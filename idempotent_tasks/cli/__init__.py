@@ -17,6 +17,7 @@ from ._app import (
     exit_code_for,
     main,
 )
+from ._dashboard import dashboard
 from ._demo import demo
 from ._maintenance import cleanup, migrate, recover
 from ._outbox import outbox, relay
@@ -24,6 +25,7 @@ from ._records import inspect, list_, stats, unpoison
 
 for _command in (migrate, recover, cleanup, inspect, list_, stats, unpoison, demo, relay, outbox):
     cli.add_command(_command)
+cli.add_command(dashboard)
 
 __all__ = [
     "EXIT_CONFIGURATION",

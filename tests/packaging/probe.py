@@ -17,7 +17,7 @@ MODULES = (
     "idempotent_tasks.caches.memory", "idempotent_tasks.caches.redis",
     "idempotent_tasks.metrics_server", "idempotent_tasks.http", "idempotent_tasks.consumers",
     "idempotent_tasks.celery", "idempotent_tasks.dramatiq", "idempotent_tasks.consumers.kafka",
-    "idempotent_tasks.consumers.rabbitmq",
+    "idempotent_tasks.consumers.rabbitmq", "idempotent_tasks.dashboard",
 )
 CLOSED = "127.0.0.1:1"
 

@@ -39,6 +39,7 @@ PROVIDED_BY: dict[str, tuple[str, set[str]]] = {
     "use:postgres": ("postgres", {"postgres", "all"}),
     "use:redis": ("redis", {"redis", "dramatiq", "all"}),
     "use:prometheus": ("prometheus", {"prometheus", "celery", "dramatiq", "all"}),
+    "idempotent_tasks.dashboard": ("dashboard", {"dashboard"}),
 }
 #: Every extra a user installs (pyproject.toml's, less the project's own dev and bench).
 EXTRAS = tuple(sorted(
