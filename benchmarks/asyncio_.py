@@ -236,13 +236,19 @@ def _server(store: str, threads: int) -> Any:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError(f"uvicorn ({store}) did not start") from None
                 time.sleep(0.2)
-        yield port
+        yield port, proc.pid
     finally:
         proc.terminate()
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _load(port: int, clients: int, seconds: float, rate: float = 0.0) -> dict[str, Any]:
@@ -258,10 +264,16 @@ def _load(port: int, clients: int, seconds: float, rate: float = 0.0) -> dict[st
 def http_run(store: str, threads: int, clients: int, seconds: float) -> dict[str, Any]:
     """One server: a short warm-up load, then the measured saturating one, then the same
     clients paced at half the requests/s just measured; the loop's lag under each."""
-    with _server(store, threads) as port:
+    with _server(store, threads) as (port, pid):
         _load(port, clients, min(2.0, seconds))
         _get(port, "/lag?reset=1")
+        cpu_before = _process_cpu(pid)
         result = _load(port, clients, seconds)
+        cpu = _process_cpu(pid) - cpu_before
+        # server CPU per request: holds on a 2-core machine where throughput does not
+        result["server_cpu_us_per_request"] = (
+            round(cpu / result["requests"] * 1e6, 1) if result["requests"] else None
+        )
         result["loop_lag"] = _get(port, "/lag?reset=1")
         half = _load(port, clients, seconds, rate=max(result["rps"] / 2, 1.0))
         half["loop_lag"] = _get(port, "/lag?reset=1")
@@ -319,15 +331,17 @@ def table(data: dict[str, Any], console: Any) -> None:
     console.print(t)
     http = data.get("http") or {}
     h = Table(title=f"asyncio: uvicorn + FastAPI + middleware, {http.get('clients')} clients")
-    for col in ("store", "path", "req/s", "p50 ms", "p99 ms", "lag p99 ms", "errors",
-                "½ load: req/s", "p50", "p99", "lag p99"):
+    for col in ("store", "path", "req/s", "server CPU µs/req", "p50 ms", "p99 ms",
+                "lag p99 ms", "errors", "½ load: req/s", "p50", "p99", "lag p99"):
         h.add_column(col)
     for family in ("redis", "postgresql"):
         for label, r in (http.get(family) or {}).items():
             if isinstance(r, dict):
                 half = r.get("half_load") or {}
                 h.add_row(
-                    family, label, f"{r['rps']:,.0f}", str(r["p50_ms"]), str(r["p99_ms"]),
+                    family, label, f"{r['rps']:,.0f}",
+                    str(r.get("server_cpu_us_per_request", "-")), str(r["p50_ms"]),
+                    str(r["p99_ms"]),
                     str(r.get("loop_lag", {}).get("p99_ms", "-")), str(r["errors"]),
                     f"{half.get('rps', 0):,.0f}", str(half.get("p50_ms", "-")),
                     str(half.get("p99_ms", "-")),

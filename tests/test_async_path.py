@@ -123,7 +123,7 @@ async def _crashed_and_recovered(h: IdempotencyHandler, clock: FakeClock) -> Non
     """A body held open (its lease renewed by the async heartbeat), a duplicate refused
     meanwhile; an expired lease taken over; a stuck record recovered; unpoisoned."""
     beat = asyncio.Event()
-    h.store.before["heartbeat"] = beat.set  # type: ignore[attr-defined]
+    h._engine.store.before["heartbeat"] = beat.set  # type: ignore[attr-defined]
 
     async def long_body() -> str:
         await beat.wait()  # the heartbeat task renewed our lease on the loop

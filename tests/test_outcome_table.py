@@ -206,3 +206,22 @@ def test_dramatiq_row(kind: str) -> None:
         assert isinstance(result, Transient) and decision is _state.Decision.RETRY
     else:
         assert decision is _state.Decision.DEAD_LETTER
+
+
+# -- taskiq and FastStream ------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_taskiq_row(kind: str) -> None:
+    """taskiq: a settled kind is the task's result or its error; the others raise the retry
+    signal its middleware turns into "sent again" (the superseded one included)."""
+    pytest.importorskip("taskiq")
+    from idempotent_tasks.taskiq._delivery import IdempotencyRetry, _raise
+
+    outcome, _ = produce(kind)
+    if kind in ("executed", "replayed"):
+        return  # the task's result; nothing is raised
+    with pytest.raises(BaseException) as raised:
+        _raise(outcome)
+    retried = isinstance(raised.value, IdempotencyRetry)
+    assert retried is (kind in ("in_progress", "store_unavailable", "superseded")) or (
+        kind == "failed" and isinstance(raised.value, Transient) and outcome.retry
+    )

@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Final, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -40,7 +40,7 @@ from django.db.utils import ConnectionDoesNotExist
 from .._core.errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from ..stores.base import BodyTransaction
 from ..stores.sql import SQLStore
-from ..stores.sql.protocol import dialect_plans, schema_missing
+from ..stores.sql.protocol import Plan, dialect_plans, drive, schema_missing
 from ._schema import PREFIX, SUPPORTED_VENDORS, sa_dialect
 
 SCHEMA_MISSING: Final = (
@@ -88,8 +88,9 @@ class DjangoStore(SQLStore):
         return connections[self.using]
 
     # -- running statements -------------------------------------------------------------------
-    def _run(self, what: str, fn: Callable[[Any], _T]) -> _T:
-        """Run ``fn(cursor)`` on the thread's connection in autocommit; translate errors."""
+    def _execute(self, what: str, plan: Plan[_T]) -> _T:
+        """Run a primitive's plan on the thread's connection in autocommit (its cursor drives
+        the plan); translate errors."""
         conn = connections[self.using]
         if conn.in_atomic_block and what not in _READS:
             raise ConfigurationError(
@@ -99,7 +100,7 @@ class DjangoStore(SQLStore):
             )
         try:
             with conn.cursor() as cursor:
-                return fn(cursor)
+                return drive(cursor, plan)
         except DjangoDatabaseError as exc:
             self._after_failure(conn)
             raise self.failure(what, exc) from exc

@@ -444,10 +444,10 @@ def test_beat_entries_and_maintenance_tasks(env: Env) -> None:
 def test_cleanup_task_purges_expired_records(tmp_path: Path, env: Env) -> None:
     h, k = env.handler, key()
     h.execute(lambda: 1, operation="t.expiring", tenant=TENANT, key=k, ttl=0.01)
-    record = h.store.get(Scope(TENANT, "t.expiring", k))
+    record = h._engine.store.get(Scope(TENANT, "t.expiring", k))
     wait_for(lambda: h.clock() > record.expires_at)
     assert get(env.app.send_task(CLEANUP_TASK)) >= 1
-    assert h.store.get(Scope(TENANT, "t.expiring", k)) is None
+    assert h._engine.store.get(Scope(TENANT, "t.expiring", k)) is None
 
 
 # ---------------------------------------------------------------------- hostile input
