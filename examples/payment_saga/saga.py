@@ -80,13 +80,19 @@ def mark_shipped(order_id: str, conn: Any = None) -> str:
 
 
 def create_tables() -> None:
-    """The store's tables (the outbox's included) and the saga's own."""
+    """The store's tables, the outbox's and the saga's own."""
+    from idempotent_tasks.outbox import Outbox
+
     store.create_schema()
+    Outbox(store).create_schema()  # the outbox creates its own tables
     metadata.create_all(store.engine)
 
 
 def drop_tables() -> None:
+    from idempotent_tasks.outbox import Outbox
+
     metadata.drop_all(store.engine)
+    Outbox(store).drop_schema()
     store.drop_schema()
 
 

@@ -142,7 +142,8 @@ class Outbox:
     # -- schema --------------------------------------------------------------------------------
     def create_schema(self) -> None:
         """Create the tables and their indexes where missing (idempotent; also run by
-        ``SQLStore.create_schema()`` and ``idempotent-tasks migrate``)."""
+        ``SQLStore.create_schema()`` once this package is imported, and by
+        ``idempotent-tasks migrate``)."""
         with self._begin("create_schema") as conn:
             _schema.create_schema(conn, self.table_prefix)
 

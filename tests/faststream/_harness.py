@@ -17,6 +17,7 @@ from typing import Any
 from idempotent_tasks import IdempotencyHandler, Outcome
 from idempotent_tasks.consumers import Message
 from idempotent_tasks.faststream import IdempotencyMiddleware, idempotent
+from tests._wait import budget
 
 from ._kits import Dead, Kit
 
@@ -90,11 +91,27 @@ async def running(
             await kit.prepare(broker, destinations)
             await broker.start()
             yield run
+            # An outcome is recorded (``on_outcome``) just before FastStream acks its message:
+            # a test that stops as soon as it saw the outcome would close the broker in that
+            # window, leaving the message pending for a redelivery that never comes in a
+            # test.  So, the broker still running, wait until what was delivered is settled.
+            await _settled(kit, run, list(bodies))
         # every message of a subscribed destination was acked or dead-lettered
         left = {d: await kit.unsettled(d, run.published.get(d, 0)) for d in bodies}
         assert set(left.values()) == {0}, f"unsettled messages: {left}"
     finally:
         await kit.cleanup(broker, destinations)
+
+
+async def _settled(kit: Kit, run: Running, destinations: list[str]) -> None:
+    """Until the broker has no unsettled message left on ``destinations`` (bounded by the
+    test budget; the assertion after the broker closed reports what is left)."""
+    deadline = asyncio.get_running_loop().time() + budget(10)
+    while asyncio.get_running_loop().time() < deadline:
+        left = [await kit.unsettled(d, run.published.get(d, 0)) for d in destinations]
+        if not any(left):
+            return
+        await asyncio.sleep(0.05)  # polling the broker's own count
 
 
 def _refuse(*args: Any, **kwargs: Any) -> Any:
