@@ -245,7 +245,7 @@ def step(h: Harness, model: Model, outcome: Outcome, value: Any) -> None:
 def check_state(h: Harness, model: Model) -> None:
     rec = h.handler.get_record(operation=OP, tenant=TENANT, key=KEY)
     assert (rec.status if rec else None) == model.status
-    assert h._engine.store.get_retry_count(SCOPE) == model.counter == h.counted
+    assert h.store.get_retry_count(SCOPE) == model.counter == h.counted
     if rec is not None:
         assert rec.retry_count == model.counter
         if rec.status is Status.SUCCESS:
