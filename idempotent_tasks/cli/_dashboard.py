@@ -22,13 +22,15 @@ TOKEN_ENV = "IDEMPOTENT_TASKS_DASHBOARD_TOKEN"
 
 
 @click.command()
+@click.option("--store", "store_url", default=None, metavar="URL",
+              help="The store to show (overrides the global --store / IDEMPOTENT_TASKS_STORE).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to listen on (loopback by default; put a TLS proxy in front "
                    "of anything else).")
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT,
               show_default=True, help="Port to listen on.")
 @pass_state
-def dashboard(state: CliState, host: str, port: int) -> None:
+def dashboard(state: CliState, store_url: str | None, host: str, port: int) -> None:
     """Serve the operator dashboard: counts, stuck records, a filtered record list, each
     record's details, and the audited unpoison / resolve actions.
 
@@ -44,6 +46,8 @@ def dashboard(state: CliState, host: str, port: int) -> None:
             ErrorCode.CONFIGURATION_ERROR,
             f"the dashboard needs its extra: pip install 'idempotent-tasks[dashboard]' ({exc})",
         ) from None
+    if store_url is not None:  # ``idempotent-tasks dashboard --store URL``
+        state.url = store_url
     handler = state.handler()
     handler.record_counts()  # fail now, with the CLI's exit code, if the store is unusable
     mode = "actions need the operator token" if os.environ.get(TOKEN_ENV) else (

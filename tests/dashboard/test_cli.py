@@ -63,3 +63,13 @@ def test_a_store_without_a_schema_exits_5(tmp_path: Path, served: dict[str, Any]
                                       "dashboard"])
     assert result.exit_code == 5
     assert served == {}
+
+
+def test_the_store_can_follow_the_command(tmp_path: Path, served: dict[str, Any],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``idempotent-tasks dashboard --store URL`` (the store after the command) works too."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    result = CliRunner().invoke(cli, ["dashboard", "--store", _store(tmp_path), "--port", "0"])
+    assert result.exit_code == 0, result.output
+    page = TestClient(served["app"]).get("/records/t/op/k")
+    assert page.status_code == 200 and "SUCCESS" in page.text
