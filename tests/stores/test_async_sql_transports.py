@@ -13,12 +13,13 @@ import pytest
 import sqlalchemy as sa
 
 from idempotent_tasks import ErrorCode, IdempotencyHandler
+from tests._wait import budget
 
 from .._proxy import TCPProxy
 from .._services import POSTGRES_URL, require
 
 OP = "payments.charge"
-FAIL_FAST = 8.0
+FAIL_FAST = budget(8.0)  # a deadline to fail loudly, scaled for a loaded machine
 DRIVERS = ["asyncpg", "psycopg"]
 
 
@@ -83,7 +84,7 @@ def test_a_connection_serves_plain_statements_again_after_a_body_transaction(
         finally:
             await store.close()
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    asyncio.run(asyncio.wait_for(main(), budget(60)))
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
@@ -92,7 +93,9 @@ def test_every_statement_in_flight_fails_closed_on_a_silent_link_then_recovers(
 ) -> None:
     require("postgres")
     proxy = TCPProxy(sa.make_url(POSTGRES_URL).port or 5432).start()
-    store = _store(driver, proxy.port, connect_timeout=1.0, socket_timeout=0.5, pool_size=5)
+    # the deadline under test, scaled like every test deadline (a loaded runner is slower)
+    store = _store(driver, proxy.port, connect_timeout=budget(1.0), socket_timeout=budget(0.5),
+                   pool_size=5)
 
     async def main() -> None:
         await store.create_schema()
@@ -108,7 +111,7 @@ def test_every_statement_in_flight_fails_closed_on_a_silent_link_then_recovers(
             assert asyncio.get_running_loop().time() - started < FAIL_FAST
             assert {o.error_code for o in outcomes} == {ErrorCode.STORE_UNAVAILABLE}
             proxy.set_latency(0.0)
-            async with asyncio.timeout(30):  # the pool reconnects (with its own backoff)
+            async with asyncio.timeout(budget(30)):  # the pool reconnects (its own backoff)
                 while (await h.run_async(_ok, **_kw("after"))).kind != "executed":
                     await asyncio.sleep(0.2)
             await store.drop_schema()
@@ -149,7 +152,7 @@ def test_an_idle_connection_the_server_closed_is_replaced(driver: str) -> None:
             pid = conn.get_server_pid() if driver == "asyncpg" else conn.info.backend_pid
             await _terminate(pid)
             if driver == "asyncpg":
-                async with asyncio.timeout(10):
+                async with asyncio.timeout(budget(10)):
                     while store._transport.usable(conn):
                         await asyncio.sleep(0.01)
             kinds = [(await h.run_async(_ok, **_kw(f"b{i}"))).kind for i in range(2)]
