@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 
 from .commands import Command, Runtime
 from .records import Scope, Status
 
 if TYPE_CHECKING:
     from ..stores.base import AsyncStore, ClaimRequest, Store, SuccessWrite
+    from ..stores.reopen import AsyncReopenStore, ReopenStore
 
     AnyStore: TypeAlias = Store | AsyncStore
 
@@ -79,6 +80,24 @@ class TakeOverCall(StoreCall):
     def invoke(self, store: AnyStore) -> Any:
         return store.take_over(self.scope, expected_token=self.expected_token, now=self.now,
                                lease_expires_at=self.lease_expires_at)
+
+
+@dataclass(slots=True)
+class Reopen(StoreCall):
+    """A settled scope given to a new attempt (the reuse policies; ``stores.reopen``)."""
+
+    name: ClassVar[str] = "reopen"
+    scope: Scope
+    expected_token: int
+    now: float
+    lease_expires_at: float
+
+    def invoke(self, store: AnyStore) -> Any:
+        reopenable = cast("ReopenStore | AsyncReopenStore", store)  # the policy checked it
+        return reopenable.reopen(
+            self.scope, expected_token=self.expected_token, now=self.now,
+            lease_expires_at=self.lease_expires_at,
+        )
 
 
 @dataclass(slots=True)
@@ -285,6 +304,6 @@ class CreateSchema(StoreCall):
 __all__ = [
     "AcquireLock", "Create", "CreateMany", "CreateSchema", "DeleteExpired", "DeleteRecord",
     "FindStuck", "Get", "GetRetryCount", "Heartbeat", "ListRecords", "MarkFailed",
-    "MarkSuccess", "MarkSuccessMany", "RecordFailure", "Release", "ReleaseLock",
+    "MarkSuccess", "MarkSuccessMany", "RecordFailure", "Release", "ReleaseLock", "Reopen",
     "ResetRetryCount", "Stats", "StoreCall", "TakeOverCall",
 ]

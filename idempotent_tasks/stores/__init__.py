@@ -33,6 +33,7 @@ from .base import (
     TakeOver,
     TransactionalStore,
 )
+from .reopen import AsyncReopenStore, ReopenStore
 
 __all__ = [
     "AdminStore",
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncBodyTransaction",
     "AsyncHotPathStore",
     "AsyncMaintenanceStore",
+    "AsyncReopenStore",
     "AsyncStore",
     "AsyncTransactionalStore",
     "BatchStore",
@@ -51,6 +53,7 @@ __all__ = [
     "FailureResult",
     "HotPathStore",
     "MaintenanceStore",
+    "ReopenStore",
     "Scope",
     "Status",
     "Store",

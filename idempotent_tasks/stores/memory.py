@@ -125,6 +125,24 @@ class MemoryStore:
             )
             return TakeOver(self._bump(scope, now), token)
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        with self._lock:
+            record = self._records.get(scope)
+            if (
+                record is None or record.status is Status.PROCESSING
+                or record.fencing_token != expected_token
+            ):
+                return None
+            token = self._next_token()
+            self._records[scope] = StoredRecord(
+                scope, Status.PROCESSING, record.request_hash, None, token, now, now,
+                lease_expires_at, None,
+            )
+            self._counters.pop(scope, None)  # a new execution counts afresh
+            return token
+
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         with self._lock:
             record = self._owned(scope, token)
