@@ -35,7 +35,7 @@ from .batch import Mode, execute_many
 from .calls import batch_entry, build_flow, call_policies, transactional_refusal
 from .commands import Command
 from .deprecated import DEPRECATED as _DEPRECATED
-from .drivers import drive, drive_async
+from .drivers import drive, drive_async, driven, driven_async
 from .engine import (
     DEFAULT_LEASE_TIMEOUT,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -210,12 +210,14 @@ class IdempotencyHandler(Maintenance):
         flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
-            call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else drive(self._engine, flow)
-        return tracing.run(tracer, operation, _driven, self._engine, flow)
+        return tracing.run(tracer, operation, driven, self._engine, flow)
 
     async def run_async(
         self,
@@ -245,12 +247,14 @@ class IdempotencyHandler(Maintenance):
         flow = build_flow(self._engine,
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
-            call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else await drive_async(self._engine, flow)
-        return await tracing.run_async(tracer, operation, _driven_async, self._engine, flow)
+        return await tracing.run_async(tracer, operation, driven_async, self._engine, flow)
 
     def run_many(
         self,
@@ -336,13 +340,15 @@ class IdempotencyHandler(Maintenance):
         flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
-            call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             outcome = flow if isinstance(flow, Outcome) else drive(self._engine, flow)
         else:
-            outcome = tracing.run(tracer, operation, _driven, self._engine, flow)
+            outcome = tracing.run(tracer, operation, driven, self._engine, flow)
         result: T = outcome.unwrap()
         return result
 
@@ -406,14 +412,6 @@ class IdempotencyHandler(Maintenance):
             reuse_after=reuse_after, on_failure=on_failure,
         ).unwrap()
         return result
-
-
-def _driven(engine: Engine, flow: Flow | Outcome) -> Outcome:
-    return flow if isinstance(flow, Outcome) else drive(engine, flow)
-
-
-async def _driven_async(engine: Engine, flow: Flow | Outcome) -> Outcome:
-    return flow if isinstance(flow, Outcome) else await drive_async(engine, flow)
 
 
 __all__ = ["IdempotencyHandler"]
