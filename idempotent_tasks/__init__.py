@@ -31,7 +31,7 @@ from ._core.outcome import Outcome, OutcomeKind
 from ._core.records import IdempotencyContext, Record, Status
 from ._core.runner import MaintenanceRunner, MaintenanceSchedule
 from ._core.serialization import JSONSerializer, Serializer
-from ._core.signals import Poison, Release
+from ._core.signals import Abandon, Poison, Release
 from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
@@ -73,6 +73,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Abandon",
     "AsyncRedisStore",
     "AsyncSQLStore",
     "ConfigurationError",
