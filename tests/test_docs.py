@@ -10,7 +10,9 @@ other):
   (tests/_services.py ``require``).  A block that needs ``rabbitmq`` runs on a RabbitMQ
   vhost of its own: its ``amqp://guest:guest@localhost…`` URLs (and those of the files below)
   are pointed there, so the page reads as a user writes it and the test touches no queue it
-  did not create;
+  did not create.  ``kafka`` likewise: the block gets a Kafka-protocol broker of its own (a
+  Tansu process on a free port, see tests/_services.py ``private_kafka``) and its
+  ``localhost:9092`` addresses are pointed there;
 * ``# doc: file NAME``: the block is a file of the page's project (``tasks.py``, ``app.py``):
   not run by itself, but written, as the page shows it, into the working directory of every
   later block of the same page, which can import it;
@@ -27,6 +29,7 @@ other):
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -34,13 +37,13 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ._services import private_vhost, require
+from ._services import private_kafka, private_vhost, require
 
 ROOT = Path(__file__).resolve().parents[1]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
@@ -48,7 +51,12 @@ _DIRECTIVE = re.compile(r"^#\s*doc:\s*(?P<name>\w+)\b\s*(?P<value>.*)$")
 #: The broker URLs a page writes for the machine's RabbitMQ (pointed at a private vhost).
 _AMQP = re.compile(r"amqp://guest:guest@(?:localhost|127\.0\.0\.1)(?::5672)?/(?:/|%2F)?"
                    r"(?=[\"'\s])")
-SERVICES = {"postgres", "redis", "rabbitmq"}
+#: The bootstrap address a page writes for a Kafka broker (pointed at a private Tansu broker).
+_KAFKA = re.compile(r"\b(?:localhost|127\.0\.0\.1):9092\b")
+SERVICES = {"postgres", "redis", "rabbitmq", "kafka"}
+#: Services a block gets a private instance of (the others are the machine's, checked by
+#: ``require``).
+PRIVATE = {"kafka"}
 
 
 @dataclass(frozen=True)
@@ -210,15 +218,11 @@ def run_code(block_id: str, code: str) -> None:
 def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     unknown = set(block.needs) - SERVICES
     assert not unknown, f"{block.id}: unknown service(s) {unknown} in '# doc: needs'"
-    for service in block.needs:
+    for service in set(block.needs) - PRIVATE:
         require(service)
     monkeypatch.chdir(tmp_path)
     with contextlib.ExitStack() as stack:
-        vhost = stack.enter_context(private_vhost("docs")) if "rabbitmq" in block.needs else None
-
-        def as_tested(code: str) -> str:
-            return _AMQP.sub(vhost, code) if vhost else code
-
+        as_tested = stack.enter_context(private_services(block, tmp_path))
         files = page_files(block)
         for name, code in files:
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +233,31 @@ def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Monkey
         if command:
             stack.enter_context(worker_process(block, command, tmp_path))
         run_code(block.id, as_tested(block.code))
+
+
+@contextlib.contextmanager
+def private_services(block: Block, directory: Path) -> Iterator[Callable[[str], str]]:
+    """The block's private RabbitMQ vhost and Kafka broker, if it needs them, and the rewrite
+    that points a page's addresses of those services at them (the broker's log lies beside
+    ``directory``, the block's working directory)."""
+    with contextlib.ExitStack() as stack:
+        rewrites: list[tuple[re.Pattern[str], str]] = []
+        if "rabbitmq" in block.needs:
+            rewrites.append((_AMQP, stack.enter_context(private_vhost("docs"))))
+        if "kafka" in block.needs:
+            log = directory.parent / f"{directory.name}-tansu.log"
+            rewrites.append((_KAFKA, stack.enter_context(private_kafka(log))))
+            # The block's clients, kept by reference cycles (a function's globals), are freed
+            # while their broker still answers: none then reconnects to a dead one for the
+            # rest of the session.
+            stack.callback(gc.collect)
+
+        def as_tested(code: str) -> str:
+            for pattern, address in rewrites:
+                code = pattern.sub(address, code)
+            return code
+
+        yield as_tested
 
 
 #: ``pip install idempotent-tasks`` from an index (no index has the package), with or without
@@ -323,6 +352,9 @@ def test_parser_conventions(tmp_path: Path) -> None:
     assert blocks[8].directives["worker"] == "celery -A tasks worker"
     url = "Celery('x', broker=\"amqp://guest:guest@localhost//\")"
     assert _AMQP.sub("amqp://vhost", url) == "Celery('x', broker=\"amqp://vhost\")"
+    config = '{"bootstrap.servers": "localhost:9092,127.0.0.1:9092", "x": "host:19092"}'
+    assert _KAFKA.sub("127.0.0.1:40001", config) == (
+        '{"bootstrap.servers": "127.0.0.1:40001,127.0.0.1:40001", "x": "host:19092"}')
     assert blocks[4].code == "s = '''\n```\n'''\n"
     assert blocks[5].code == "z = 3\n"
     assert blocks[0].needs == []
