@@ -165,8 +165,16 @@ def importable(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
                 del sys.modules[name]
 
 
+@dataclass
+class WorkerRun:
+    """How a worker process ended and what it wrote (for a test that counts its effects)."""
+
+    output: str = ""
+    returncode: int | None = None
+
+
 @contextlib.contextmanager
-def worker_process(block: Block, command: str, directory: Path) -> Iterator[None]:
+def worker_process(block: Block, command: str, directory: Path) -> Iterator[WorkerRun]:
     """``command`` running in ``directory`` while the block runs (SIGTERM, as a supervisor
     stops it, afterwards); its output is printed when the block fails."""
     assert command in stated_commands(block.path), (
@@ -175,30 +183,31 @@ def worker_process(block: Block, command: str, directory: Path) -> Iterator[None
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(directory)}
     log = directory.parent / f"{directory.name}-worker.log"
+    run = WorkerRun()
     with log.open("w+b") as out:
         proc = subprocess.Popen(shlex.split(command), cwd=directory, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            yield
+            yield run
         except BaseException:
             print(f"--- {command} ---\n{log.read_text(errors='replace')}")
             raise
         finally:
-            _stop(proc)
-    output = log.read_text(errors="replace")
+            run.returncode = _stop(proc)
+    output = run.output = log.read_text(errors="replace")
     log.unlink()
     # The page's own settings must not be ones the library warns about at worker start.
     assert "ConfigurationRiskWarning" not in output, f"--- {command} ---\n{output}"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> int:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        return proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        return proc.wait()
 
 
 def run_code(block_id: str, code: str) -> None:
