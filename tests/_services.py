@@ -116,7 +116,9 @@ def private_kafka(log: Path) -> Iterator[str]:
 
 
 def _wait_for_listener(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 20
+    from tests._wait import budget  # (tests._wait reads IN_CI from here)
+
+    deadline = time.monotonic() + budget(20)
     while not reachable(port, timeout=0.2):
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"Tansu did not start (exit {proc.poll()})")
