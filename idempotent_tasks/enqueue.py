@@ -19,6 +19,11 @@ enqueued while one is open is published only once it commits — never for a bod
 were rolled back, and never before the task could see them.  ``enqueue_once`` then returns
 what the publish will produce (the Celery ``AsyncResult`` of the task id it will use, the
 Dramatiq ``Message`` it will enqueue).
+
+Unique enqueue (``idempotent_tasks.celery.enqueue_unique``, ``idempotent_tasks.dramatiq.
+enqueue_unique``, ``idempotent_tasks.taskiq.enqueue_unique``) is the producer-side twin: publish
+only while no message of a scope is pending.  :func:`publish_unique` is its one algorithm;
+each integration passes how to publish and how to name a pending message.
 """
 
 from __future__ import annotations
@@ -27,12 +32,19 @@ import threading
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core.context import current_context
 from ._core.errors import ConfigurationError
 from ._core.keys import KEY_OPTION, TENANT_OPTION, derive_key
 from ._core.records import IdempotencyContext
+from ._core.unique import MARK_HEADER, UniqueMark, UniqueUntil, read_header, unique_until
+from .typing import Seconds
+
+if TYPE_CHECKING:
+    from ._core.handler import IdempotencyHandler
+
+H = TypeVar("H")
 
 _Positions = tuple[IdempotencyContext, dict[tuple[str, str], int]]
 _POSITIONS: ContextVar[_Positions | None] = ContextVar("idempotent_tasks_enqueue", default=None)
@@ -183,10 +195,64 @@ def _publish_later(
     return _NOT_DEFERRED
 
 
+def publish_unique(
+    handler: IdempotencyHandler,
+    name: str,
+    *,
+    tenant: str,
+    key: str,
+    lease_timeout: Seconds | None,
+    publish: Callable[[UniqueMark], H],
+    pending: Callable[[UniqueMark], H],
+) -> H:
+    """Take the pending-message mark of (``tenant``, task ``name``, ``key``) and
+    ``publish(mark)`` the message with ``mark.message_id``; when another producer holds the
+    mark, ``pending(mark)``: the handle of its message (same id), nothing published.
+
+    A publish that raises hands the mark back at once (owner-checked), so a broker outage
+    does not block the scope until the lease expires; a producer that dies before
+    publishing blocks it only until then.
+    """
+    mark = handler.acquire_unique(name, tenant, key, lease_timeout=lease_timeout)
+    if not mark.acquired:
+        handler.logger.debug("unique_enqueue_pending", tenant=tenant, operation=name,
+                             message_id=mark.message_id)
+        return pending(mark)
+    try:
+        return publish(mark)
+    except BaseException:
+        handler.release_unique(mark)
+        raise
+
+
+def release_carried(handler: IdempotencyHandler, carried: object, moment: UniqueUntil) -> None:
+    """The worker's side: release the mark a message carries (its header or option value)
+    if ``moment`` is the one it was enqueued with.  Never raises into the framework: a mark
+    left behind only lasts its lease."""
+    found = read_header(carried)
+    if found is None or found[1] != moment:
+        return
+    mark = found[0]
+    try:
+        released = handler.release_unique(mark)
+    except Exception as exc:  # the store is down (or async): the lease ends the mark
+        handler.logger.warning("unique_mark_not_released", tenant=mark.tenant,
+                               operation=mark.operation, error=repr(exc))
+        return
+    handler.logger.debug("unique_mark_released", tenant=mark.tenant, operation=mark.operation,
+                         released=released)
+
+
 __all__ = [
+    "MARK_HEADER",
     "PublishDeferrer",
+    "UniqueMark",
+    "UniqueUntil",
     "begin_enqueue_scope",
     "derive_task_key",
     "enqueue_once",
+    "publish_unique",
+    "release_carried",
     "set_publish_deferrer",
+    "unique_until",
 ]
