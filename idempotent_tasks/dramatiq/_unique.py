@@ -8,10 +8,12 @@ same options and id, so a retried message still carries it.  The worker releases
 
 * ``unique_until="start"`` — in ``before_process_message``;
 * ``"finish"`` — once the message is settled for good: acked after it succeeded or was
-  skipped, or nacked (dead-lettered).  A message that raised and was acked was re-enqueued
-  by Retries, so its mark stays.  Settlement is the one moment that tells a retry from a
-  final failure whatever the order of the middleware (the ``after_process_message`` hooks
-  run before or after Retries' depending on it).
+  skipped, or nacked (dead-lettered).  The ack of a delayed message (a retry's backoff, or
+  ``delay=``) that the worker moves to its queue is not one: it has not run yet.  A message
+  that raised and was acked was re-enqueued by Retries, so its mark stays.  Settlement is
+  the one moment that tells a retry from a final failure whatever the order of the
+  middleware (the ``after_process_message`` hooks run before or after Retries' depending
+  on it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import dramatiq
+from dramatiq.common import q_name
 
 from .._core.errors import ConfigurationError
 from .._core.handler import IdempotencyHandler
@@ -94,6 +97,8 @@ class UniqueRelease:
         setattr(message, _RAISED, True)
 
     def settled(self, message: Any, *, acked: bool) -> None:
+        if message.queue_name != q_name(message.queue_name):
+            return  # a delayed message moved to its queue (a retry's backoff): not run yet
         if acked and getattr(message, _RAISED, False):
             return  # re-enqueued by Retries: the retry carries the mark
         self._release(message, "finish")
