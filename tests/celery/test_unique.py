@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
+from kombu.exceptions import OperationalError
 
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
 from idempotent_tasks.celery import enqueue_unique, setup
@@ -244,3 +245,23 @@ def test_the_options_are_checked(env: Env) -> None:
         enqueue_unique(env.tasks["slow"], ("x",), key="x", tenant=TENANT, unique_until="end")
     with pytest.raises(ConfigurationError):
         enqueue_unique(env.tasks["slow"], ("x",), key="x", tenant=TENANT, task_id="mine")
+
+
+def test_a_publish_that_raises_hands_the_mark_back(env: Env) -> None:
+    """The broker refuses the connection: the error reaches the caller and the scope is not
+    blocked until the lease ends."""
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    down = Celery("down", broker=f"amqp://guest:guest@127.0.0.1:{port}//", set_as_current=False)
+    down.conf.update(task_publish_retry=False, broker_connection_timeout=5,
+                     broker_connection_retry=False, broker_connection_max_retries=0)
+    setup(down, env.handler, beat=False)
+
+    @down.task(name=env.tasks["slow"].name, shared=False)  # type: ignore[untyped-decorator]
+    def slow(k: str) -> None: ...
+
+    k = key()
+    with pytest.raises(OperationalError):
+        enqueue_unique(slow, (k,), key=k, tenant=TENANT)
+    assert env.mark(slow, k) is None
