@@ -3,9 +3,10 @@
 The producer publishes with a task id derived from the mark and the mark in a header
 (``idempotency_unique``); Celery copies a request's headers into its retries, so a retried task
 still carries it.  The worker releases the mark from ``task_prerun`` (``unique_until="start"``)
-or from ``task_postrun`` once the task ended with a final state (``"finish"``: SUCCESS or
-FAILURE, never RETRY).  Signals reach every task of the app, not only ``IdempotentTask``s,
-and never change what the task does: a retry is never blocked by its own mark.
+or from ``task_postrun`` once the task ended with a final state (``"finish"``: SUCCESS,
+FAILURE, a rejection without requeue; never RETRY nor a requeued rejection).  Signals reach
+every task of the app, not only ``IdempotentTask``s, and never change what the task does: a
+retry is never blocked by its own mark.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from ..typing import Seconds
 from ._delivery import header
 from ._state import ATTRIBUTE, CeleryState, state_for
 
-#: Celery states after which a task runs no more (``RETRY`` is not one of them).
-_FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED", "REJECTED", "IGNORED"})
+#: Celery states after which a task runs no more (not ``RETRY``; ``REJECTED`` only without
+#: requeue: a requeued message comes back).
+_FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED", "IGNORED"})
 
 
 def enqueue_unique(
@@ -80,15 +82,17 @@ def _on_prerun(task: Any = None, **_: Any) -> None:
     _release(task, "start")
 
 
-def _on_postrun(task: Any = None, state: str | None = None, **_: Any) -> None:
-    if state in _FINAL_STATES:
+def _on_postrun(
+    task: Any = None, state: str | None = None, retval: Any = None, **_: Any
+) -> None:
+    if state in _FINAL_STATES or (state == "REJECTED" and not getattr(retval, "requeue", True)):
         _release(task, "finish")
 
 
 def _release(task: Any, moment: UniqueUntil) -> None:
+    carried = header(getattr(task, "request", None), MARK_HEADER)
     state = getattr(getattr(task, "app", None), ATTRIBUTE, None)
-    if isinstance(state, CeleryState):
-        carried = header(getattr(task, "request", None), MARK_HEADER)
+    if carried is not None and isinstance(state, CeleryState):
         release_carried(state.handler, carried, moment)
 
 

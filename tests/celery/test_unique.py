@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, signals
+from celery.exceptions import Reject
 from kombu.exceptions import OperationalError
 
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
@@ -100,10 +101,21 @@ def env() -> Iterator[Env]:
 
     def on_postrun(task: Any = None, state: str | None = None, args: Any = (), **_: Any) -> None:
         # connected after setup's receiver: once this runs, the mark saw this state too
-        if getattr(task, "name", None) == retrying.name and state == "RETRY":
+        if (getattr(task, "name", None), state) in (
+            (retrying.name, "RETRY"), (requeued.name, "REJECTED")
+        ):
             e.retried[args[0]].set()
 
-    e.tasks.update(slow=slow, retrying=retrying)
+    @app.task(name="t.unique_requeued", bind=True, shared=False, acks_late=True)
+    def requeued(self: Any, k: str) -> str:
+        e.runs.hit(k)
+        if e.runs[k] == 1:
+            raise Reject("not now", requeue=True)
+        e.started[k].set()
+        assert e.gates[k].wait(RESULT_TIMEOUT)
+        return k
+
+    e.tasks.update(slow=slow, retrying=retrying, requeued=requeued)
     signals.task_postrun.connect(on_postrun, weak=False)
     try:
         with running_worker(app, concurrency=1):
@@ -183,6 +195,17 @@ def test_a_retry_is_not_blocked_and_keeps_the_mark_until_the_final_outcome(env: 
     assert first.get(timeout=RESULT_TIMEOUT) == k
     wait_for(lambda: env.mark(retrying, k) is None, RESULT_TIMEOUT, "the mark's release")
     assert env.runs[k] == 2
+
+
+def test_a_requeued_rejection_keeps_the_mark(env: Env) -> None:
+    requeued, k = env.tasks["requeued"], key()
+    first = enqueue_unique(requeued, (k,), key=k, tenant=TENANT, unique_until="finish")
+    assert env.retried[k].wait(RESULT_TIMEOUT)  # rejected with requeue: it comes back
+    assert env.started[k].wait(RESULT_TIMEOUT)
+    assert env.mark(requeued, k) is not None
+    env.gates[k].set()
+    assert first.get(timeout=RESULT_TIMEOUT) == k
+    wait_for(lambda: env.mark(requeued, k) is None, RESULT_TIMEOUT, "the mark's release")
 
 
 def test_a_stale_message_does_not_release_the_newer_mark(env: Env) -> None:
