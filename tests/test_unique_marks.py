@@ -8,14 +8,13 @@ per store, with the handler's fake clock moving the leases.
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, InvalidInputError
-from idempotent_tasks.enqueue import UniqueMark
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock
+from tests._race import at_once
 
 LEASE = 30.0
 
@@ -89,22 +88,7 @@ def test_a_mark_settled_by_recovery_is_claimed_again(
 
 
 def test_concurrent_producers_get_one_holder(handler: IdempotencyHandler) -> None:
-    producers = 16
-    barrier = threading.Barrier(producers)
-    marks: list[UniqueMark] = []
-    lock = threading.Lock()
-
-    def produce() -> None:
-        barrier.wait()
-        mark = handler.acquire_unique("reports.build", "acme", "r-1")
-        with lock:
-            marks.append(mark)
-
-    threads = [threading.Thread(target=produce) for _ in range(producers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    marks = at_once(16, lambda: handler.acquire_unique("reports.build", "acme", "r-1"))
     assert sum(mark.acquired for mark in marks) == 1
     assert len({mark.message_id for mark in marks}) == 1
 

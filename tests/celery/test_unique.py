@@ -9,17 +9,12 @@ lets the blocker go, and each body waits on its own gate.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,12 +25,13 @@ from kombu.exceptions import OperationalError
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
 from idempotent_tasks.celery import enqueue_unique, setup
 from idempotent_tasks.enqueue import UniqueMark
+from tests._race import at_once
 from tests._services import REDIS_URL, require
+from tests._silent_broker import kill_at_its_mark
 
 from .conftest import RESULT_TIMEOUT, Counter, key, new_app, running_worker, wait_for
 
 TENANT = "acme"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -129,24 +125,11 @@ def env() -> Iterator[Env]:
 
 
 def test_a_hundred_producers_publish_one_message(env: Env) -> None:
-    producers, k, queue = 100, key(), f"held_{uuid.uuid4().hex[:8]}"
-    barrier = threading.Barrier(producers)
-    ids: list[str] = []
-    lock = threading.Lock()
-
-    def produce() -> None:
-        barrier.wait()
-        result = enqueue_unique(env.tasks["slow"], (k,), key=k, tenant=TENANT, queue=queue)
-        with lock:
-            ids.append(result.id)
-
-    threads = [threading.Thread(target=produce) for _ in range(producers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    k, queue = key(), f"held_{uuid.uuid4().hex[:8]}"
+    results = at_once(100, lambda: enqueue_unique(
+        env.tasks["slow"], (k,), key=k, tenant=TENANT, queue=queue))
     try:
-        assert len(ids) == producers and len(set(ids)) == 1
+        assert len({result.id for result in results}) == 1
         assert env.queued(queue) == 1
     finally:
         env.drop(queue)
@@ -232,21 +215,10 @@ def test_a_producer_killed_between_mark_and_publish_blocks_only_for_the_lease(
     env: Env,
 ) -> None:
     slow, k, queue = env.tasks["slow"], key(), f"held_{uuid.uuid4().hex[:8]}"
-    with socket.socket() as silent:  # accepts connections (backlog), never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        producer = subprocess.Popen(
-            [sys.executable, "-m", "tests.celery.unique_producer", env.prefix,
-             str(silent.getsockname()[1]), slow.name, k, "1.0"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        try:
-            wait_for(lambda: env.mark(slow, k) is not None or producer.poll() is not None,
-                     RESULT_TIMEOUT, "the producer's mark")
-            assert producer.poll() is None, "the producer ended before it was killed"
-        finally:
-            producer.send_signal(signal.SIGKILL)
-            producer.wait()
+    kill_at_its_mark(
+        lambda port: ["tests.celery.unique_producer", env.prefix, str(port), slow.name, k, "1.0"],
+        lambda: env.mark(slow, k) is not None,
+    )
     record = env.mark(slow, k)
     assert record is not None and record.lease_expires_at is not None
     never_published = UniqueMark(TENANT, record.operation, k, record.fencing_token, False)

@@ -7,17 +7,11 @@ stays pending (not started) until the test lets it go, and each body waits on it
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -29,11 +23,12 @@ from dramatiq.middleware import Middleware
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
 from idempotent_tasks.dramatiq import IdempotencyMiddleware, enqueue_unique
 from idempotent_tasks.enqueue import UniqueMark
+from tests._race import at_once
 from tests._services import REDIS_URL, private_vhost, require
+from tests._silent_broker import kill_at_its_mark
 from tests._wait import budget, wait_until
 
 TENANT = "acme"
-REPO = Path(__file__).resolve().parents[2]
 WAIT = 20.0
 
 
@@ -142,22 +137,8 @@ def test_a_hundred_producers_enqueue_one_message(env: Env) -> None:
     producers, k = 100, key()
     queue = f"held_{uuid.uuid4().hex[:8]}"  # no worker consumes it
     held = dramatiq.actor(lambda k: None, broker=env.broker, actor_name=queue, queue_name=queue)
-    barrier = threading.Barrier(producers)
-    ids: list[str] = []
-    lock = threading.Lock()
-
-    def produce() -> None:
-        barrier.wait()
-        message = enqueue_unique(held, k, key=k, tenant=TENANT)
-        with lock:
-            ids.append(message.message_id)
-
-    threads = [threading.Thread(target=produce) for _ in range(producers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(ids) == producers and len(set(ids)) == 1
+    messages = at_once(producers, lambda: enqueue_unique(held, k, key=k, tenant=TENANT))
+    assert len({message.message_id for message in messages}) == 1
     assert env.broker.get_queue_message_counts(queue)[0] == 1
 
 
@@ -231,21 +212,11 @@ def test_a_producer_killed_between_mark_and_publish_blocks_only_for_the_lease(
     k, queue = key(), f"held_{uuid.uuid4().hex[:8]}"
     held = dramatiq.actor(lambda: None, broker=env.broker, actor_name=queue, queue_name=queue)
     env.broker.declare_queue(queue, ensure=True)
-    with socket.socket() as silent:  # accepts connections (backlog), never answers
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        producer = subprocess.Popen(
-            [sys.executable, "-m", "tests.dramatiq.unique_producer", env.prefix,
-             str(silent.getsockname()[1]), queue, queue, k, "1.0"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        try:
-            wait_for(lambda: env.mark(held, k) is not None or producer.poll() is not None,
-                     "the producer's mark")
-            assert producer.poll() is None, "the producer ended before it was killed"
-        finally:
-            producer.send_signal(signal.SIGKILL)
-            producer.wait()
+    kill_at_its_mark(
+        lambda port: ["tests.dramatiq.unique_producer", env.prefix, str(port), queue, queue, k,
+                      "1.0"],
+        lambda: env.mark(held, k) is not None,
+    )
     record = env.mark(held, k)
     assert record is not None and record.lease_expires_at is not None
     never_published = UniqueMark(TENANT, record.operation, k, record.fencing_token, False)
