@@ -8,12 +8,14 @@ per store, with the handler's fake clock moving the leases.
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
 from idempotent_tasks import ConfigurationError, IdempotencyHandler, InvalidInputError
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock
+from tests._async_stores import ASYNC_STORE_KINDS, new_async_store
 from tests._race import at_once
 
 LEASE = 30.0
@@ -110,3 +112,25 @@ def test_bad_arguments_are_refused(handler: IdempotencyHandler) -> None:
         handler.acquire_unique("reports.build", "acme", "r-1", lease_timeout=0)
     with pytest.raises(InvalidInputError):
         handler.acquire_unique("reports.build", "acme", "")
+
+
+@pytest.mark.parametrize("kind", ASYNC_STORE_KINDS)
+def test_on_an_async_store_the_async_twins_work_and_the_sync_names_refuse(kind: str) -> None:
+    async def scenario() -> None:
+        store = new_async_store(kind, f"it_{uuid.uuid4().hex[:10]}")
+        await store.create_schema()
+        handler = IdempotencyHandler(store, metrics=None)
+        try:
+            first = await handler.acquire_unique_async("reports.build", "acme", "r-1")
+            second = await handler.acquire_unique_async("reports.build", "acme", "r-1")
+            assert first.acquired and not second.acquired and second.token == first.token
+            with pytest.raises(ConfigurationError, match="acquire_unique_async"):
+                handler.acquire_unique("reports.build", "acme", "r-1")
+            with pytest.raises(ConfigurationError, match="release_unique_async"):
+                handler.release_unique(first)
+            assert await handler.release_unique_async(first)
+        finally:
+            await store.drop_schema()
+            await store.close()
+
+    asyncio.run(scenario())
