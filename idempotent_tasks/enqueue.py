@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -225,22 +225,70 @@ def publish_unique(
         raise
 
 
-def release_carried(handler: IdempotencyHandler, carried: object, moment: UniqueUntil) -> None:
-    """The worker's side: release the mark a message carries (its header or option value)
-    if ``moment`` is the one it was enqueued with.  Never raises into the framework: a mark
-    left behind only lasts its lease."""
-    found = read_header(carried)
-    if found is None or found[1] != moment:
-        return
-    mark = found[0]
+async def publish_unique_async(
+    handler: IdempotencyHandler,
+    name: str,
+    *,
+    tenant: str,
+    key: str,
+    lease_timeout: Seconds | None,
+    publish: Callable[[UniqueMark], Awaitable[H]],
+    pending: Callable[[UniqueMark], H],
+) -> H:
+    """:func:`publish_unique` for async producers (the store's calls awaited, or run on the
+    handler's executor for a sync store)."""
+    mark = await handler.acquire_unique_async(name, tenant, key, lease_timeout=lease_timeout)
+    if not mark.acquired:
+        handler.logger.debug("unique_enqueue_pending", tenant=tenant, operation=name,
+                             message_id=mark.message_id)
+        return pending(mark)
     try:
-        released = handler.release_unique(mark)
-    except Exception as exc:  # the store is down (or async): the lease ends the mark
+        return await publish(mark)
+    except BaseException:
+        await handler.release_unique_async(mark)
+        raise
+
+
+async def release_carried_async(
+    handler: IdempotencyHandler, carried: object, moment: UniqueUntil
+) -> None:
+    """:func:`release_carried` for async workers."""
+    mark = _carried(carried, moment)
+    if mark is not None:
+        try:
+            released = await handler.release_unique_async(mark)
+        except Exception as exc:  # the store is down: the lease ends the mark
+            _log_release(handler, mark, exc)
+        else:
+            _log_release(handler, mark, released)
+
+
+def release_carried(handler: IdempotencyHandler, carried: object, moment: UniqueUntil) -> None:
+    """The worker's side: release the mark a message carries (its header, option or label
+    value) if ``moment`` is the one it was enqueued with.  Never raises into the framework:
+    a mark left behind only lasts its lease."""
+    mark = _carried(carried, moment)
+    if mark is not None:
+        try:
+            released = handler.release_unique(mark)
+        except Exception as exc:  # the store is down (or async): the lease ends the mark
+            _log_release(handler, mark, exc)
+        else:
+            _log_release(handler, mark, released)
+
+
+def _carried(carried: object, moment: UniqueUntil) -> UniqueMark | None:
+    found = read_header(carried)
+    return None if found is None or found[1] != moment else found[0]
+
+
+def _log_release(handler: IdempotencyHandler, mark: UniqueMark, done: bool | Exception) -> None:
+    if isinstance(done, Exception):
         handler.logger.warning("unique_mark_not_released", tenant=mark.tenant,
-                               operation=mark.operation, error=repr(exc))
-        return
-    handler.logger.debug("unique_mark_released", tenant=mark.tenant, operation=mark.operation,
-                         released=released)
+                               operation=mark.operation, error=repr(done))
+    else:
+        handler.logger.debug("unique_mark_released", tenant=mark.tenant,
+                             operation=mark.operation, released=done)
 
 
 __all__ = [
@@ -252,7 +300,9 @@ __all__ = [
     "derive_task_key",
     "enqueue_once",
     "publish_unique",
+    "publish_unique_async",
     "release_carried",
+    "release_carried_async",
     "set_publish_deferrer",
     "unique_until",
 ]
