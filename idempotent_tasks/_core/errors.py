@@ -25,6 +25,8 @@ class ErrorCode(enum.StrEnum):
     KEY_REUSED_WITH_DIFFERENT_REQUEST = "KEY_REUSED_WITH_DIFFERENT_REQUEST"
     REQUEST_IN_PROGRESS = "REQUEST_IN_PROGRESS"
     REQUEST_FAILED = "REQUEST_FAILED"
+    DUPLICATE_REJECTED = "DUPLICATE_REJECTED"
+    OUTCOME_UNCERTAIN = "OUTCOME_UNCERTAIN"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OUTCOME_NOT_RECORDED = "OUTCOME_NOT_RECORDED"
     RESPONSE_NOT_SERIALIZABLE = "RESPONSE_NOT_SERIALIZABLE"
@@ -42,6 +44,8 @@ DEFAULT_STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST: 409,
     ErrorCode.REQUEST_IN_PROGRESS: 409,
     ErrorCode.REQUEST_FAILED: 409,
+    ErrorCode.DUPLICATE_REJECTED: 409,
+    ErrorCode.OUTCOME_UNCERTAIN: 409,
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.OUTCOME_NOT_RECORDED: 503,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: 500,
@@ -127,6 +131,20 @@ class RequestFailedError(ConflictError):
     default_code = ErrorCode.REQUEST_FAILED
 
 
+class DuplicateRejectedError(ConflictError):
+    """The scope already succeeded and its operation refuses a second call
+    (``on_success="reject"``) instead of replaying the first one's result."""
+
+    default_code = ErrorCode.DUPLICATE_REJECTED
+
+
+class OutcomeUncertainError(ConflictError):
+    """A crashed attempt's effects could not be reconciled: the scope is UNCERTAIN until an
+    operator resolves it (``handler.resolve``); nothing runs it again meanwhile."""
+
+    default_code = ErrorCode.OUTCOME_UNCERTAIN
+
+
 class StoreUnavailableError(IdempotencyError):
     """The store could not be reached or answered with an error; the body did not run."""
 
@@ -158,6 +176,8 @@ ERROR_CLASSES: Mapping[ErrorCode, type[IdempotencyError]] = {
     ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST: KeyReusedError,
     ErrorCode.REQUEST_IN_PROGRESS: RequestInProgressError,
     ErrorCode.REQUEST_FAILED: RequestFailedError,
+    ErrorCode.DUPLICATE_REJECTED: DuplicateRejectedError,
+    ErrorCode.OUTCOME_UNCERTAIN: OutcomeUncertainError,
     ErrorCode.STORE_UNAVAILABLE: StoreUnavailableError,
     ErrorCode.OUTCOME_NOT_RECORDED: OutcomeNotRecordedError,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: ResponseNotSerializableError,

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 
 from .commands import Command, Runtime
 from .records import Scope, Status
 
 if TYPE_CHECKING:
     from ..stores.base import AsyncStore, ClaimRequest, Store, SuccessWrite
+    from ..stores.effects import (
+        AsyncStepStore,
+        AsyncUncertainStore,
+        Resolution,
+        StepStore,
+        UncertainStore,
+    )
+    from ..stores.reopen import AsyncReopenStore, ReopenStore
 
     AnyStore: TypeAlias = Store | AsyncStore
 
@@ -79,6 +87,78 @@ class TakeOverCall(StoreCall):
     def invoke(self, store: AnyStore) -> Any:
         return store.take_over(self.scope, expected_token=self.expected_token, now=self.now,
                                lease_expires_at=self.lease_expires_at)
+
+
+@dataclass(slots=True)
+class Reopen(StoreCall):
+    """A settled scope given to a new attempt (the reuse policies; ``stores.reopen``)."""
+
+    name: ClassVar[str] = "reopen"
+    scope: Scope
+    expected_token: int
+    now: float
+    lease_expires_at: float
+
+    def invoke(self, store: AnyStore) -> Any:
+        reopenable = cast("ReopenStore | AsyncReopenStore", store)  # the policy checked it
+        return reopenable.reopen(
+            self.scope, expected_token=self.expected_token, now=self.now,
+            lease_expires_at=self.lease_expires_at,
+        )
+
+
+# -- effects outside the database (stores.effects; checked before they are used) ------------
+@dataclass(slots=True)
+class SaveSteps(StoreCall):
+    name: ClassVar[str] = "save_steps"
+    scope: Scope
+    token: int
+    steps: bytes
+    now: float
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("StepStore | AsyncStepStore", store).save_steps(
+            self.scope, token=self.token, steps=self.steps, now=self.now
+        )
+
+
+@dataclass(slots=True)
+class LoadSteps(StoreCall):
+    name: ClassVar[str] = "load_steps"
+    scope: Scope
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("StepStore | AsyncStepStore", store).load_steps(self.scope)
+
+
+@dataclass(slots=True)
+class MarkUncertain(StoreCall):
+    name: ClassVar[str] = "mark_uncertain"
+    scope: Scope
+    token: int
+    now: float
+    detail: bytes | None
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("UncertainStore | AsyncUncertainStore", store).mark_uncertain(
+            self.scope, token=self.token, now=self.now, detail=self.detail
+        )
+
+
+@dataclass(slots=True)
+class ResolveUncertain(StoreCall):
+    name: ClassVar[str] = "resolve_uncertain"
+    scope: Scope
+    resolution: Resolution
+    now: float
+    response: bytes | None = None
+    expires_at: float | None = None
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("UncertainStore | AsyncUncertainStore", store).resolve_uncertain(
+            self.scope, resolution=self.resolution, now=self.now, response=self.response,
+            expires_at=self.expires_at,
+        )
 
 
 @dataclass(slots=True)
@@ -283,8 +363,30 @@ class CreateSchema(StoreCall):
 
 
 __all__ = [
-    "AcquireLock", "Create", "CreateMany", "CreateSchema", "DeleteExpired", "DeleteRecord",
-    "FindStuck", "Get", "GetRetryCount", "Heartbeat", "ListRecords", "MarkFailed",
-    "MarkSuccess", "MarkSuccessMany", "RecordFailure", "Release", "ReleaseLock",
-    "ResetRetryCount", "Stats", "StoreCall", "TakeOverCall",
+    "AcquireLock",
+    "Create",
+    "CreateMany",
+    "CreateSchema",
+    "DeleteExpired",
+    "DeleteRecord",
+    "FindStuck",
+    "Get",
+    "GetRetryCount",
+    "Heartbeat",
+    "ListRecords",
+    "LoadSteps",
+    "MarkFailed",
+    "MarkSuccess",
+    "MarkSuccessMany",
+    "MarkUncertain",
+    "RecordFailure",
+    "Release",
+    "ReleaseLock",
+    "Reopen",
+    "ResetRetryCount",
+    "ResolveUncertain",
+    "SaveSteps",
+    "Stats",
+    "StoreCall",
+    "TakeOverCall",
 ]

@@ -33,6 +33,8 @@ from .base import (
     TakeOver,
     TransactionalStore,
 )
+from .effects import AsyncStepStore, AsyncUncertainStore, StepStore, UncertainStore
+from .reopen import AsyncReopenStore, ReopenStore
 
 __all__ = [
     "AdminStore",
@@ -41,8 +43,11 @@ __all__ = [
     "AsyncBodyTransaction",
     "AsyncHotPathStore",
     "AsyncMaintenanceStore",
+    "AsyncReopenStore",
+    "AsyncStepStore",
     "AsyncStore",
     "AsyncTransactionalStore",
+    "AsyncUncertainStore",
     "BatchStore",
     "BodyTransaction",
     "ClaimRequest",
@@ -51,11 +56,14 @@ __all__ = [
     "FailureResult",
     "HotPathStore",
     "MaintenanceStore",
+    "ReopenStore",
     "Scope",
     "Status",
+    "StepStore",
     "Store",
     "StoredRecord",
     "SuccessWrite",
     "TakeOver",
     "TransactionalStore",
+    "UncertainStore",
 ]

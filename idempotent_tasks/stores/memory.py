@@ -25,6 +25,8 @@ from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 class _Counter:
     count: int
     updated_at: float
+    #: The scope's recorded steps (``stores.effects``): they live and die with the counter.
+    steps: bytes | None = None
 
 
 class MemoryStore:
@@ -125,6 +127,24 @@ class MemoryStore:
             )
             return TakeOver(self._bump(scope, now), token)
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        with self._lock:
+            record = self._records.get(scope)
+            if (
+                record is None or record.status is Status.PROCESSING
+                or record.fencing_token != expected_token
+            ):
+                return None
+            token = self._next_token()
+            self._records[scope] = StoredRecord(
+                scope, Status.PROCESSING, record.request_hash, None, token, now, now,
+                lease_expires_at, None,
+            )
+            self._counters.pop(scope, None)  # a new execution counts afresh
+            return token
+
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         with self._lock:
             record = self._owned(scope, token)
@@ -210,6 +230,55 @@ class MemoryStore:
                 return FailureResult(count, poisoned=True)
             del self._records[scope]
             return FailureResult(count, poisoned=False)
+
+    # -- steps and the UNCERTAIN status (stores.effects) --------------------------------
+    def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> bool:
+        with self._lock:
+            if self._owned(scope, token) is None:
+                return False
+            counter = self._counters.get(scope)
+            if counter is None:
+                counter = self._counters[scope] = _Counter(0, now)
+            counter.steps = steps
+            return True
+
+    def load_steps(self, scope: Scope) -> bytes | None:
+        with self._lock:
+            counter = self._counters.get(scope)
+            return None if counter is None else counter.steps
+
+    def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> bool:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None:
+                return False
+            self._update(record, status=Status.UNCERTAIN, response=detail, updated_at=now,
+                         lease_expires_at=None, expires_at=None)
+            return True
+
+    def resolve_uncertain(
+        self,
+        scope: Scope,
+        *,
+        resolution: str,
+        now: float,
+        response: bytes | None = None,
+        expires_at: float | None = None,
+    ) -> bool:
+        with self._lock:
+            record = self._records.get(scope)
+            if record is None or record.status is not Status.UNCERTAIN:
+                return False
+            if resolution == "retry":
+                del self._records[scope]
+            elif resolution == "done":
+                self._update(record, status=Status.SUCCESS, response=response,
+                             updated_at=now, expires_at=expires_at)
+            else:
+                self._update(record, status=Status.FAILED, updated_at=now, expires_at=expires_at)
+            return True
 
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
