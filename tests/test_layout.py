@@ -226,6 +226,7 @@ HANDLER_SURFACE = {
     "find_stuck_records", "find_stuck_records_async", "list_records", "list_records_async",
     "record_counts", "record_counts_async", "create_schema", "create_schema_async",
     "try_lock", "try_lock_async", "unlock", "unlock_async",
+    "acquire_unique", "acquire_unique_async", "release_unique", "release_unique_async",
     "register_operation", "options_for", "supports_transactions", "close",
     "logger", "clock", "metrics", "defaults", "heartbeat_interval", "max_payload_bytes",
     "max_response_bytes",

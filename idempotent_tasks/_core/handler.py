@@ -31,7 +31,6 @@ from ..typing import (
     Seconds,
 )
 from . import tracing
-from .admin import Maintenance
 from .attributes import Attributes
 from .batch import Mode, execute_many
 from .calls import batch_entry, build_flow, call_policies, transactional_refusal
@@ -54,19 +53,21 @@ from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS
 from .outcome import Outcome
 from .serialization import Serializer
 from .tracing import API as _OTEL
+from .unique import UniqueMarks
 from .waiting import DEFAULT_MAX_WAITERS
 
 T = TypeVar("T")
 Flow = Generator[Command, Any, Outcome]
 
 
-class IdempotencyHandler(Maintenance, Attributes):
+class IdempotencyHandler(UniqueMarks, Attributes):
     """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm).
 
     The handler composes its parts: an :class:`~.engine.Engine` (the settings, the pure
     steps of the algorithm and the runtime services: the instrumented store, the executor
     of the thread-hop path, the heartbeat) that the flows run on, and the maintenance and
-    operator calls of :class:`~.admin.Maintenance`.  Its public surface is the documented
+    operator calls of :class:`~.admin.Maintenance` and the unique-enqueue marks of
+    :class:`~.unique.UniqueMarks`.  Its public surface is the documented
     list (docs/design.md, "The handler's public face"): running bodies, maintenance and
     operator calls, ``close``, and the read-only ``logger``, ``clock``, ``metrics`` and
     settings attributes.  The engine's steps are not part of it.

@@ -1,7 +1,7 @@
 """Celery integration: exactly-once task bodies per (tenant, task name, idempotency key).
 
 ```python
-from idempotent_tasks.celery import setup, idempotent_task
+from idempotent_tasks.celery import enqueue_unique, idempotent_task, setup
 
 setup(app, handler)                                    # + beat entries for recovery/cleanup
 
@@ -9,6 +9,7 @@ setup(app, handler)                                    # + beat entries for reco
 def charge(order_id: int, amount: int) -> dict: ...
 
 charge.apply_async((42, 100), idempotency_key="6f1c…", tenant="acme")
+enqueue_unique(report, (7,), key="report-7", tenant="acme")  # not while one is pending
 ```
 
 Guarantees (docs/guarantees.md): duplicate deliveries of a scope whose record exists never run
@@ -40,6 +41,7 @@ from ._risks import ConfigurationRiskWarning
 from ._setup import check_configuration, setup, start_maintenance, stop_maintenance
 from ._state import CLEANUP_TASK, RECOVER_TASK, CeleryState, get_handler
 from ._task import IdempotentTask, current_connection
+from ._unique import enqueue_unique
 
 
 def idempotent_task(
@@ -88,6 +90,7 @@ __all__ = [
     "check_configuration",
     "current_connection",
     "derive_key",
+    "enqueue_unique",
     "get_handler",
     "idempotent_chain",
     "idempotent_task",

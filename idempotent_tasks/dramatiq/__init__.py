@@ -8,6 +8,7 @@
     def charge(order_id: str, amount: int) -> dict: ...
 
     charge.send_with_options(args=("o-1", 100), idempotency_key=key, tenant="acme")
+    enqueue_unique(report, 7, key="report-7", tenant="acme")  # not while one is pending
 
 How it works, and why this shape
 --------------------------------
@@ -65,6 +66,7 @@ from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
 from ._retry_guard import RetryNotEnqueuedError
 from ._runner import CONTEXT_ATTRIBUTE, IdempotencyRetry
 from ._spec import ACTOR_OPTIONS, KEY_OPTION, TENANT_OPTIONS
+from ._unique import enqueue_unique
 
 
 @overload
@@ -172,6 +174,7 @@ __all__ = [
     "IdempotencyRetry",
     "RetryNotEnqueuedError",
     "current_connection",
+    "enqueue_unique",
     "get_context",
     "idempotent_actor",
 ]

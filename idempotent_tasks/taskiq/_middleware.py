@@ -1,6 +1,7 @@
 """The taskiq middleware: hands each message of an ``@idempotent`` task to its wrapper
 (``pre_execute``), sends retried messages again (``on_error``), labels the result with its
-outcome (``post_execute``), and checks the tasks when a worker starts (``startup``)."""
+outcome (``post_execute``), and checks the tasks when a worker starts (``startup``).  For
+every task it also releases the marks of ``enqueue_unique`` (``_unique``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .._core.runner import MaintenanceRunner
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, Backoff
 from . import _delivery
 from ._spec import ATTEMPT_LABEL, MARK_LABEL, OUTCOME_LABEL, SPEC_ATTRIBUTE
+from ._unique import UniqueRelease
 
 
 class IdempotencyMiddleware(TaskiqMiddleware):
@@ -51,6 +53,7 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         self.default_tenant = default_tenant
         self.backoff = Backoff(retry_backoff)
         self.maintenance = MaintenanceRunner(handler) if maintenance else None
+        self.unique = UniqueRelease(handler)  # the marks of ``enqueue_unique``, every task
 
     # ------------------------------------------------------------------ lifecycle
     def startup(self) -> None:
@@ -73,7 +76,8 @@ class IdempotencyMiddleware(TaskiqMiddleware):
             self.maintenance.stop()
 
     # ------------------------------------------------------------------ one message
-    def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+    async def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+        await self.unique.started(message)
         task = self.broker.find_task(message.task_name)
         if task is not None and task.labels.get(MARK_LABEL):
             _delivery.current.set(
@@ -100,13 +104,17 @@ class IdempotencyMiddleware(TaskiqMiddleware):
             error=outcome.error, tenant=outcome.tenant, key=outcome.key,
         )
 
-    def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+    async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
         delivery = _delivery.current.get()
         if delivery is None or delivery.message is not message:
+            await self.unique.ended(message, result, final_failure=False)
             return
         _delivery.current.set(None)
-        if delivery.outcome is not None:
-            result.labels = {**result.labels, OUTCOME_LABEL: delivery.outcome.kind}
+        outcome = delivery.outcome
+        await self.unique.ended(message, result,
+                                final_failure=outcome is not None and not outcome.retry)
+        if outcome is not None:
+            result.labels = {**result.labels, OUTCOME_LABEL: outcome.kind}
 
     async def _send_again(self, message: TaskiqMessage, reason: str) -> None:
         """Hold the message for the backoff, then kick a copy (same task id and labels);
