@@ -128,11 +128,9 @@ def idempotent_actor(
     store's transaction (SQLStore only) — reach the connection with
     :func:`current_connection`.  Every ``dramatiq.actor`` option passes through
     (``actor_name``, ``queue_name``, ``priority``, ``broker``, ``min_backoff``,
-    ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies
-    (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``, ``on_failure``)
-    are this actor's (``None``: the handler's); ``on_success`` / ``on_failure`` are stored as
-    the actor options ``idempotency_on_success`` / ``idempotency_on_failure``, since
-    Dramatiq's ``Callbacks`` middleware reads the plain names as actors to notify.
+    ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies are
+    the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
+    ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names).
     """
     for name in ("max_retries", "on_success", "on_failure"):
         if f"idempotency_{name}" in actor_options:

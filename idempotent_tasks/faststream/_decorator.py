@@ -92,28 +92,30 @@ def idempotent(
         retry_backoff=retry_backoff, on_outcome=on_outcome,
     )
 
-    def decorate(fn: F) -> F:
-        is_async = inspect.iscoroutinefunction(fn)
+    return functools.partial(_wrap, subscription)
 
-        @functools.wraps(fn)
-        async def subscriber(*args: Any, **kwargs: Any) -> Any:
-            msg, context = kwargs.pop(_DELIVERY)
 
-            async def body() -> Any:
-                if is_async:
-                    return await fn(*args, **kwargs)
-                return await asyncio.to_thread(fn, *args, **kwargs)
+def _wrap(subscription: Subscription, fn: F) -> F:
+    """``fn`` as a FastStream subscriber whose every delivery goes through ``subscription``."""
+    is_async = inspect.iscoroutinefunction(fn)
 
-            result = await subscription.process(msg, context, body)
-            faststream_subscriber = context.get_local("handler_")
-            if getattr(faststream_subscriber, "ack_policy", None) is AckPolicy.MANUAL:
-                await msg.ack()
-            return result
+    @functools.wraps(fn)
+    async def subscriber(*args: Any, **kwargs: Any) -> Any:
+        msg, context = kwargs.pop(_DELIVERY)
 
-        subscriber.__signature__ = _with_context(fn)  # type: ignore[attr-defined]
-        return subscriber  # type: ignore[return-value]
+        async def body() -> Any:
+            if is_async:
+                return await fn(*args, **kwargs)
+            return await asyncio.to_thread(fn, *args, **kwargs)
 
-    return decorate
+        result = await subscription.process(msg, context, body)
+        faststream_subscriber = context.get_local("handler_")
+        if getattr(faststream_subscriber, "ack_policy", None) is AckPolicy.MANUAL:
+            await msg.ack()
+        return result
+
+    subscriber.__signature__ = _with_context(fn)  # type: ignore[attr-defined]
+    return subscriber  # type: ignore[return-value]
 
 
 def _with_context(fn: Callable[..., Any]) -> inspect.Signature:

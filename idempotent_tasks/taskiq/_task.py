@@ -72,24 +72,29 @@ def idempotent(
         on_success=on_success, reuse_after=reuse_after, on_failure=on_failure,
     )
 
-    def decorate(fn: F) -> Any:
-        registered: dict[str, str] = {}
+    return functools.partial(_register, broker, task_name, spec, labels)
 
-        @functools.wraps(fn)
-        async def task(*args: Any, **kwargs: Any) -> Any:
-            delivery = _delivery.current.get()
-            if delivery is None or delivery.message.task_name != registered.get("name"):
-                _check_direct_call(broker)
-                result = fn(*args, **kwargs)
-                return await result if inspect.isawaitable(result) else result
-            return await delivery.run(spec, fn, args, kwargs)
 
-        setattr(task, SPEC_ATTRIBUTE, spec)
-        decorated = broker.task(task_name, **{MARK_LABEL: True, **labels})(task)
-        registered["name"] = decorated.task_name
-        return decorated
+def _register(
+    broker: Any, task_name: str | None, spec: TaskSpec, labels: dict[str, Any], fn: F
+) -> Any:
+    """``fn`` as ``broker``'s task whose deliveries run through the middleware's engine;
+    called directly (not as a delivery of this task) it is the plain function."""
+    registered: dict[str, str] = {}
 
-    return decorate
+    @functools.wraps(fn)
+    async def task(*args: Any, **kwargs: Any) -> Any:
+        delivery = _delivery.current.get()
+        if delivery is None or delivery.message.task_name != registered.get("name"):
+            _check_direct_call(broker)
+            result = fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        return await delivery.run(spec, fn, args, kwargs)
+
+    setattr(task, SPEC_ATTRIBUTE, spec)
+    decorated = broker.task(task_name, **{MARK_LABEL: True, **labels})(task)
+    registered["name"] = decorated.task_name
+    return decorated
 
 
 def _check_direct_call(broker: Any) -> None:
