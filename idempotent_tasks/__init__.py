@@ -18,6 +18,7 @@ from ._core.errors import (
     InvalidInputError,
     KeyReusedError,
     OutcomeNotRecordedError,
+    OutcomeUncertainError,
     RecordNotFoundError,
     RequestFailedError,
     RequestInProgressError,
@@ -29,10 +30,11 @@ from ._core.handler import IdempotencyHandler
 from ._core.logging import create_logger_adapter
 from ._core.metrics import Metrics, NoMetrics, PrometheusMetrics
 from ._core.outcome import Outcome, OutcomeKind
+from ._core.reconcile import Reconciled
 from ._core.records import IdempotencyContext, Record, Status
 from ._core.runner import MaintenanceRunner, MaintenanceSchedule
 from ._core.serialization import JSONSerializer, Serializer
-from ._core.signals import Poison, Release
+from ._core.signals import Abandon, Poison, Release
 from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
@@ -74,6 +76,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Abandon",
     "AsyncRedisStore",
     "AsyncSQLStore",
     "ConfigurationError",
@@ -96,8 +99,10 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeNotRecordedError",
+    "OutcomeUncertainError",
     "Poison",
     "PrometheusMetrics",
+    "Reconciled",
     "Record",
     "RecordNotFoundError",
     "RedisCache",
