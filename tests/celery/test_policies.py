@@ -7,7 +7,6 @@ methods of those names, and — on RabbitMQ with a real worker — a duplicate d
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from idempotent_tasks import (
     create_logger_adapter,
 )
 from idempotent_tasks.celery import IdempotentTask, idempotent_task, setup
+from tests._every_store import Events
 from tests._wait import budget
 
 from .conftest import RESULT_TIMEOUT, Counter, key, new_app, running_worker
@@ -106,26 +106,6 @@ def test_a_bad_policy_fails_when_the_task_is_bound() -> None:
         app.finalize()  # binding the task registers its options
 
 
-class Events:
-    """The handler's log events, to wait for ``duplicate_waiting``."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, Mapping[str, Any]]] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, level: str, message: str, fields: Mapping[str, Any]) -> None:
-        with self.cond:
-            self.seen.append((message, dict(fields)))
-            self.cond.notify_all()
-
-    def wait_for(self, message: str, k: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(
-                lambda: (message, k) in ((m, f.get("key")) for m, f in self.seen),
-                budget(RESULT_TIMEOUT),
-            ), f"no {message!r} for {k}"
-
-
 def test_a_waiting_duplicate_on_a_real_worker_ends_with_the_first_result(
     tmp_path: Path,
 ) -> None:
@@ -156,7 +136,7 @@ def test_a_waiting_duplicate_on_a_real_worker_ends_with_the_first_result(
             assert entered.wait(budget(RESULT_TIMEOUT))  # the first is inside its body
             duplicate = task.apply_async(("o-1",), idempotency_key=k, tenant="acme")
             try:
-                events.wait_for("duplicate_waiting", k)
+                events.wait_for("duplicate_waiting")
                 assert not duplicate.ready()  # it waits, it was not retried or failed
             finally:
                 release.set()

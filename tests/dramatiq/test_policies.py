@@ -8,13 +8,13 @@ the handler's ``duplicate_waiting`` event) and ends with the first's result."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from idempotent_tasks import ConfigurationError, ErrorCode, create_logger_adapter
 from idempotent_tasks.dramatiq import get_context, idempotent_actor
+from tests._every_store import Events
 from tests._wait import budget
 
 from .conftest import Env, close_env, make_env
@@ -51,23 +51,6 @@ def test_on_success_reject_dead_letters_a_duplicate_of_a_success(env: Env) -> No
 def test_the_plain_callbacks_options_are_refused_as_idempotency_names() -> None:
     with pytest.raises(ConfigurationError, match="on_success="):
         idempotent_actor(idempotency_on_success="reject")
-
-
-class Events:
-    """The handler's log events, to wait for ``duplicate_waiting``."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, level: str, message: str, fields: Mapping[str, Any]) -> None:
-        with self.cond:
-            self.seen.append(message)
-            self.cond.notify_all()
-
-    def wait_for(self, message: str) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: message in self.seen, budget(10)), self.seen
 
 
 def test_a_waiting_duplicate_ends_with_the_first_result() -> None:
