@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     ) from exc
 
 from .._core.errors import ConfigurationError
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._canvas import derive_key, idempotent_chain, keyed
 from ._delivery import KEY_HEADER, TENANT_HEADER, RetryRequested
 from ._risks import ConfigurationRiskWarning
@@ -55,6 +55,11 @@ def idempotent_task(
     max_retries: int | None = None,
     on_stuck: OnStuck | None = None,
     lease_timeout: Seconds | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     transactional: bool = False,
     base: type[IdempotentTask] = IdempotentTask,
     **options: Any,
@@ -66,14 +71,25 @@ def idempotent_task(
     ``key``/``tenant``/``payload`` are functions of the task's arguments.  With
     ``transactional=True`` (SQLStore only) the body runs inside the store's transaction: its
     SQLAlchemy connection is passed as keyword ``conn`` when the function declares a ``conn``
-    parameter, and is always available as :func:`current_connection`.
+    parameter, and is always available as :func:`current_connection`.  The per-operation
+    policies (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
+    ``on_failure``) become the task's attributes; ``on_success`` / ``on_failure`` are stored
+    as ``idempotency_on_success`` / ``idempotency_on_failure`` (Celery's own ``on_success`` /
+    ``on_failure`` are handler methods, which stay untouched).
     """
     if not (isinstance(base, type) and issubclass(base, IdempotentTask)):
         raise ConfigurationError("idempotent_task(base=...) must be an IdempotentTask subclass")
+    for name, value in (("on_success", on_success), ("on_failure", on_failure)):
+        if callable(value):  # Celery's own handler method, as shared_task takes it
+            options[name] = value
     options.update(
         base=base, permanent=permanent, key=key, tenant=tenant, payload=payload, ttl=ttl,
         require_key=require_key, idempotency_max_retries=max_retries, on_stuck=on_stuck,
         lease_timeout=lease_timeout, transactional=transactional, max_retries=None,
+        on_in_progress=on_in_progress, wait_timeout=wait_timeout,
+        idempotency_on_success=None if callable(on_success) else on_success,
+        reuse_after=reuse_after,
+        idempotency_on_failure=None if callable(on_failure) else on_failure,
     )
     return shared_task(*args, **options)
 

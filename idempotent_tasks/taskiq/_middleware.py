@@ -18,6 +18,7 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.runner import MaintenanceRunner
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, Backoff
+from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
 from . import _delivery
 from ._spec import ATTEMPT_LABEL, MARK_LABEL, OUTCOME_LABEL, SPEC_ATTRIBUTE
 from ._unique import UniqueRelease
@@ -35,7 +36,9 @@ class IdempotencyMiddleware(TaskiqMiddleware):
     that one worker of the fleet runs each job at a time (sync stores; otherwise run
     ``idempotent-tasks recover`` / ``cleanup`` from a scheduler).  ``on_outcome`` is called
     with each message and its :class:`~idempotent_tasks.Outcome` (metrics, audit, tests);
-    it must not raise.
+    it must not raise.  The per-operation policies (``on_in_progress``, ``wait_timeout``,
+    ``on_success``, ``reuse_after``, ``on_failure``) given here apply to every idempotent
+    task of the broker; a task's own (``@idempotent(...)``) win, then the handler's apply.
     """
 
     def __init__(
@@ -46,8 +49,21 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
         maintenance: bool = False,
         on_outcome: Callable[[TaskiqMessage, Outcome], None] | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> None:
         super().__init__()
+        self.policies: dict[str, Any] = {
+            name: value for name, value in (
+                ("on_in_progress", on_in_progress), ("wait_timeout", wait_timeout),
+                ("on_success", on_success), ("reuse_after", reuse_after),
+                ("on_failure", on_failure),
+            ) if value is not None
+        }
+        handler.defaults.merged(**self.policies)  # a bad value fails here, not on a message
         self.on_outcome = on_outcome
         self.handler = handler
         self.default_tenant = default_tenant
@@ -82,7 +98,7 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         if task is not None and task.labels.get(MARK_LABEL):
             _delivery.current.set(
                 _delivery.Delivery(self.handler, self.default_tenant, message, self.on_outcome,
-                                   broker=self.broker)
+                                   broker=self.broker, policies=self.policies)
             )
         return message
 
