@@ -23,6 +23,7 @@ from .engine import Engine
 from .errors import ConfigurationError, IdempotencyError
 from .flow import execute, unkeyed
 from .outcome import Outcome
+from .policies import POLICY_NAMES
 from .transactional import execute_in_transaction, unkeyed_in_transaction
 
 Flow = Generator[Command, Any, Outcome]
@@ -127,14 +128,9 @@ def call_policies(
             "reconcile": reconcile}
 
 
-_POLICY_NAMES = (
-    "on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure", "reconcile",
-)
-
-
 def _batch_policies(item: Mapping[str, Any]) -> dict[str, Any] | None:
     """A batch call's own policies (``run``'s keyword names), if it names any."""
-    named = {name: item[name] for name in _POLICY_NAMES if item.get(name) is not None}
+    named = {name: item[name] for name in POLICY_NAMES if item.get(name) is not None}
     return named or None
 
 

@@ -34,18 +34,21 @@ from .records import Status, StoredRecord
 from .store_calls import Get, Reopen
 from .waiting import Nap
 
-#: The policy options, spelled as ``run``'s keywords and every integration's options.
-POLICY_NAMES = ("on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure")
+#: The policy options, spelled as ``run``'s keywords and every integration's options
+#: (``reconcile``: the function ``on_stuck="reconcile"`` asks, :mod:`.reconcile`).
+POLICY_NAMES = (
+    "on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure", "reconcile",
+)
 
 _FIRST_LOOK = 0.005
+_LONGEST_NAP = 0.25
 
 
 def given_policies(source: object) -> dict[str, Any]:
     """The policies an integration's settings object sets (its :data:`POLICY_NAMES`
     attributes that are not ``None``), as keywords for ``run`` / ``register_operation``."""
-    values = {name: getattr(source, name) for name in POLICY_NAMES}
+    values = {name: getattr(source, name, None) for name in POLICY_NAMES}
     return {name: value for name, value in values.items() if value is not None}
-_LONGEST_NAP = 0.25
 
 
 def reuse_due(engine: Engine, call: Call, record: StoredRecord) -> bool:
