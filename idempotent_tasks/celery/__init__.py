@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     ) from exc
 
 from .._core.errors import ConfigurationError
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Reconcile, Seconds
 from ._canvas import derive_key, idempotent_chain, keyed
 from ._delivery import KEY_HEADER, TENANT_HEADER, RetryRequested
 from ._risks import ConfigurationRiskWarning
@@ -60,6 +60,7 @@ def idempotent_task(
     on_success: OnSuccess | None = None,
     reuse_after: Seconds | None = None,
     on_failure: OnFailure | None = None,
+    reconcile: Reconcile | None = None,
     transactional: bool = False,
     base: type[IdempotentTask] = IdempotentTask,
     **options: Any,
@@ -73,7 +74,8 @@ def idempotent_task(
     SQLAlchemy connection is passed as keyword ``conn`` when the function declares a ``conn``
     parameter, and is always available as :func:`current_connection`.  The per-operation
     policies (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
-    ``on_failure``) become the task's attributes; ``on_success`` / ``on_failure`` are stored
+    ``on_failure``, and ``reconcile``: what ``on_stuck="reconcile"`` asks before a takeover)
+    become the task's attributes; ``on_success`` / ``on_failure`` are stored
     as ``idempotency_on_success`` / ``idempotency_on_failure`` (Celery's own ``on_success`` /
     ``on_failure`` are handler methods, which stay untouched).
     """
@@ -90,6 +92,7 @@ def idempotent_task(
         idempotency_on_success=None if callable(on_success) else on_success,
         reuse_after=reuse_after,
         idempotency_on_failure=None if callable(on_failure) else on_failure,
+        reconcile=reconcile,
     )
     return shared_task(*args, **options)
 

@@ -26,13 +26,13 @@ from .._core import tracing
 from .._core.context import current_context
 from .._core.errors import IdempotencyError
 from .._core.policies import POLICY_NAMES
-from ..typing import OnFailure, OnInProgress, OnSuccess, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnSuccess, Permanent, Reconcile, Seconds
 from . import _outcomes
 from ._delivery import KEY_HEADER, TENANT_HEADER, Delivery, RetryRequested, resolve
 from ._state import ATTRIBUTE, CeleryState, state_for
 from ._tracing import delivery_attributes
 
-_FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent")
+_FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent", "reconcile")
 _IN_BODY = "_idempotency_in_body"
 #: Policies whose plain names are Celery's handler methods: a class that sets them to a
 #: policy value (a string) has it moved to ``idempotency_<name>``.
@@ -82,6 +82,8 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
     reuse_after: Seconds | None = None
     idempotency_on_success: OnSuccess | None = None
     idempotency_on_failure: OnFailure | None = None
+    #: ``on_stuck="reconcile"``: ``reconcile(ctx) -> Reconciled``, asked before a takeover.
+    reconcile: Reconcile | None = None
 
     # Crash safety (docs/guarantees.md): a killed worker's message is redelivered, not lost.
     acks_late = True
@@ -218,7 +220,7 @@ def task_policies(task: type[IdempotentTask] | IdempotentTask) -> dict[str, Any]
     values = {
         "on_in_progress": task.on_in_progress, "wait_timeout": task.wait_timeout,
         "on_success": task.idempotency_on_success, "reuse_after": task.reuse_after,
-        "on_failure": task.idempotency_on_failure,
+        "on_failure": task.idempotency_on_failure, "reconcile": task.reconcile,
     }
     return {name: value for name, value in values.items() if value is not None}
 

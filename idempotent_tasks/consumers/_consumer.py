@@ -19,7 +19,15 @@ from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.validation import validate_operation, validate_tenant
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from ._message import Message
 from ._resolve import KeySpec, PayloadSpec, Resolved, Resolver, TenantSpec
 from ._semconv import message_attributes
@@ -43,7 +51,8 @@ class IdempotentConsumer:
     that write re-runs the body once its lease expires, so the at-least-once window of plain
     bodies grows from one message to one batch.  Off by default.  The per-operation
     policies (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
-    ``on_failure``; ``None``: the handler's) apply to every message of the operation.
+    ``on_failure``; ``None``: the handler's) apply to every message of the operation, and so
+    does ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class IdempotentConsumer:
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
         batch_completion: bool = False,
     ) -> None:
         if key is not None and not callable(key) and key != "coordinates":
@@ -92,7 +102,7 @@ class IdempotentConsumer:
             "ttl": ttl, "lease_timeout": lease_timeout, "max_retries": max_retries,
             "on_stuck": on_stuck, "on_in_progress": on_in_progress,
             "wait_timeout": wait_timeout, "on_success": on_success, "reuse_after": reuse_after,
-            "on_failure": on_failure,
+            "on_failure": on_failure, "reconcile": reconcile,
         }
         if any(o is not None for o in self._options.values()):
             # recovery and cleanup (maintenance threads, the CLI) use the same settings

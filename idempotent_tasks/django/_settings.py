@@ -13,12 +13,14 @@
     }
 
 Optional keys: ``HEARTBEAT_INTERVAL``, ``ON_STUCK`` and the per-operation policies
-``ON_IN_PROGRESS``, ``WAIT_TIMEOUT``, ``ON_SUCCESS``, ``REUSE_AFTER``, ``ON_FAILURE`` (the
-handler's defaults), and ``HANDLER`` — a dotted path to an ``IdempotencyHandler`` (or a
+``ON_IN_PROGRESS``, ``WAIT_TIMEOUT``, ``ON_SUCCESS``, ``REUSE_AFTER``, ``ON_FAILURE`` and
+``RECONCILE`` (a dotted path, like ``GET_TENANT``: the ``reconcile(ctx)`` that
+``ON_STUCK: "reconcile"`` asks before re-running a crashed attempt) — the handler's
+defaults — and ``HANDLER`` — a dotted path to an ``IdempotencyHandler`` (or a
 function returning one) to use instead of building one on ``DjangoStore`` (another store,
 say Redis); it excludes the handler keys above.  ``HTTP`` also takes ``GET_PAYLOAD``,
 ``REQUIRE_KEY``, ``STATUS_MAP``, ``PERMANENT``, ``REPLAY_ERRORS``, ``PROBLEM_TYPE_BASE``,
-``MAX_RESPONSE_BYTES``, ``REPLAY_HEADERS`` and the five policy keys (the HTTP middlewares'
+``MAX_RESPONSE_BYTES``, ``REPLAY_HEADERS`` and the policy keys (the HTTP middlewares'
 options of the same names; ``Route(...)`` objects in ``ROUTES`` carry per-route policies).
 An unknown key or a bad value is ``ImproperlyConfigured`` naming it.
 """
@@ -51,10 +53,13 @@ _HANDLER_KEYS: Final = {
     "ON_SUCCESS": "on_success",
     "REUSE_AFTER": "reuse_after",
     "ON_FAILURE": "on_failure",
+    "RECONCILE": "reconcile",
 }
 #: The per-operation policies, accepted in both blocks: at the top level the handler's
 #: defaults, under ``HTTP`` the middleware's (which win for HTTP requests).
-_POLICY_KEYS: Final = ("ON_IN_PROGRESS", "WAIT_TIMEOUT", "ON_SUCCESS", "REUSE_AFTER", "ON_FAILURE")
+_POLICY_KEYS: Final = (
+    "ON_IN_PROGRESS", "WAIT_TIMEOUT", "ON_SUCCESS", "REUSE_AFTER", "ON_FAILURE", "RECONCILE",
+)
 _KEYS: Final = frozenset({*_HANDLER_KEYS, "HTTP", "HANDLER"})
 HTTP_KEYS: Final = {
     "GET_TENANT": "get_tenant",
@@ -70,7 +75,7 @@ HTTP_KEYS: Final = {
     "REPLAY_HEADERS": "replay_headers",
     **{name: _HANDLER_KEYS[name] for name in _POLICY_KEYS},
 }
-_CALLABLE_HTTP_KEYS: Final = frozenset({"GET_TENANT", "GET_PAYLOAD"})
+_CALLABLE_HTTP_KEYS: Final = frozenset({"GET_TENANT", "GET_PAYLOAD", "RECONCILE"})
 
 _lock = threading.Lock()
 _handler: IdempotencyHandler | None = None
@@ -139,6 +144,8 @@ def _build_handler(config: Mapping[str, Any]) -> IdempotencyHandler:
     options = {_HANDLER_KEYS[k]: v for k, v in config.items() if k in _HANDLER_KEYS}
     options.pop("database", None)
     options["cache"] = _cache(options.get("cache"))
+    if "reconcile" in options:
+        options["reconcile"] = _callable("['RECONCILE']", options["reconcile"])
     try:
         return IdempotencyHandler(DjangoStore(using=database_alias()), **options)
     except ConfigurationError as exc:
@@ -174,6 +181,14 @@ def _cache(value: Any) -> Any:
     return cache
 
 
+def _callable(where: str, given: Any) -> Any:
+    """A function given as itself or as its dotted path (``"myapp.auth.tenant_of"``)."""
+    value = resolve(where, given)
+    if not callable(value):
+        raise improperly(where, f"must be a callable or its dotted path, not {given!r}")
+    return value
+
+
 def http_options() -> dict[str, Any]:
     """The middleware options from ``IDEMPOTENT_TASKS["HTTP"]`` (callables imported)."""
     http = raw_settings().get("HTTP", {})
@@ -189,9 +204,7 @@ def http_options() -> dict[str, Any]:
         if name == "ROUTES" and isinstance(given, list | tuple):  # JSON-ish [["POST", "/x"]]
             value = [tuple(r) if isinstance(r, list) else r for r in given]
         if name in _CALLABLE_HTTP_KEYS or (name == "PERMANENT" and isinstance(given, str)):
-            value = resolve(where, given)
-            if not callable(value):
-                raise improperly(where, f"must be a callable or its dotted path, not {given!r}")
+            value = _callable(where, given)
         options[HTTP_KEYS[name]] = value
     return options
 

@@ -48,6 +48,7 @@ worker are deduplicated.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -60,7 +61,15 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
 
 from .._core.errors import ConfigurationError
 from .._core.records import IdempotencyContext
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from . import _state
 from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
 from ._retry_guard import RetryNotEnqueuedError
@@ -90,6 +99,7 @@ def idempotent_actor(
     on_success: OnSuccess | None = None,
     reuse_after: Seconds | None = None,
     on_failure: OnFailure | None = None,
+    reconcile: Reconcile | None = None,
     require_key: bool = True,
     max_retries: int | None = None,
     transactional: bool = False,
@@ -114,6 +124,7 @@ def idempotent_actor(
     on_success: OnSuccess | None = None,
     reuse_after: Seconds | None = None,
     on_failure: OnFailure | None = None,
+    reconcile: Reconcile | None = None,
     require_key: bool = True,
     max_retries: int | None = None,
     transactional: bool = False,
@@ -132,7 +143,8 @@ def idempotent_actor(
     (``actor_name``, ``queue_name``, ``priority``, ``broker``, ``min_backoff``,
     ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies are
     the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
-    ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names).
+    ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names), and so is
+    ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).
     """
     for name in ("max_retries", "on_success", "on_failure"):
         if f"idempotency_{name}" in actor_options:
@@ -149,15 +161,18 @@ def idempotent_actor(
         "idempotency_max_retries": max_retries, "operation": operation,
         "on_in_progress": on_in_progress, "wait_timeout": wait_timeout,
         "idempotency_on_success": on_success, "reuse_after": reuse_after,
-        "idempotency_on_failure": on_failure,
+        "idempotency_on_failure": on_failure, "reconcile": reconcile,
     }
     options.update({name: value for name, value in optional.items() if value is not None})
-
-    def decorator(func: Callable[..., Any]) -> dramatiq.Actor[Any, Any]:
-        actor: dramatiq.Actor[Any, Any] = dramatiq.actor(func, **options, **actor_options)
-        return actor
-
+    decorator = functools.partial(_declare, options, actor_options)
     return decorator(fn) if fn is not None else decorator
+
+
+def _declare(
+    options: dict[str, Any], actor_options: dict[str, Any], func: Callable[..., Any]
+) -> dramatiq.Actor[Any, Any]:
+    actor: dramatiq.Actor[Any, Any] = dramatiq.actor(func, **options, **actor_options)
+    return actor
 
 
 def current_connection() -> Any:

@@ -17,7 +17,15 @@ from typing import Any
 from .._core import keys
 from .._core.errors import ErrorCode, InvalidInputError
 from .._core.policies import given_policies
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 
 #: Message options a producer sets (``send_with_options(idempotency_key=..., tenant=...)``).
 KEY_OPTION = keys.KEY_OPTION
@@ -44,6 +52,7 @@ ACTOR_OPTIONS = frozenset(
         "idempotency_on_success",
         "reuse_after",
         "idempotency_on_failure",
+        "reconcile",
         "require_key",
         "idempotency_max_retries",
         "transactional",
@@ -74,6 +83,7 @@ class ActorSpec:
     on_success: OnSuccess | None = None
     reuse_after: Seconds | None = None
     on_failure: OnFailure | None = None
+    reconcile: Reconcile | None = None
 
     @classmethod
     def from_options(cls, actor_name: str, options: Mapping[str, Any]) -> ActorSpec:
@@ -94,6 +104,7 @@ class ActorSpec:
             on_success=options.get("idempotency_on_success"),
             reuse_after=options.get("reuse_after"),
             on_failure=options.get("idempotency_on_failure"),
+            reconcile=options.get("reconcile"),
         )
 
     @property

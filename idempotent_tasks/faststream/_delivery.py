@@ -57,7 +57,15 @@ from ..consumers._resolve import (
     is_structured_cloudevent,
 )
 from ..consumers._semconv import message_attributes
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from ._brokers import Broker, broker_for
 
 #: ``messaging.system`` of each broker adapter (``generic``: not known).
@@ -107,6 +115,7 @@ class Subscription:
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
         dead_letter: str | None = None,
         dead_letter_options: Mapping[str, Any] | None = None,
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
@@ -122,7 +131,7 @@ class Subscription:
             "ttl": ttl, "lease_timeout": lease_timeout, "max_retries": max_retries,
             "on_stuck": on_stuck, "on_in_progress": on_in_progress,
             "wait_timeout": wait_timeout, "on_success": on_success, "reuse_after": reuse_after,
-            "on_failure": on_failure,
+            "on_failure": on_failure, "reconcile": reconcile,
         }
         if any(v is not None for v in self.options.values()):
             handler.defaults.merged(**self.options)  # a bad value fails here, not on a delivery

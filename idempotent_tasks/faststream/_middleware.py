@@ -19,7 +19,15 @@ from faststream import BaseMiddleware
 from .._core.handler import IdempotencyHandler
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, OutcomeCallback
 from ..consumers._resolve import KeySpec, PayloadSpec, TenantSpec
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from ._delivery import Subscription
 
 
@@ -56,6 +64,7 @@ class IdempotencyMiddleware:
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
         dead_letter: str | None = None,
         dead_letter_options: Mapping[str, Any] | None = None,
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
@@ -66,7 +75,7 @@ class IdempotencyMiddleware:
             key=key, payload=payload, permanent=permanent, require_key=require_key, ttl=ttl,
             lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
             on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
-            reuse_after=reuse_after, on_failure=on_failure,
+            reuse_after=reuse_after, on_failure=on_failure, reconcile=reconcile,
             dead_letter=dead_letter, dead_letter_options=dead_letter_options,
             retry_backoff=retry_backoff, on_outcome=on_outcome,
         )

@@ -34,7 +34,7 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.records import IdempotencyContext
 from ..enqueue import begin_enqueue_scope
-from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
+from ..typing import OnFailure, OnInProgress, OnSuccess, Reconcile, Seconds
 from ._common import (
     DEFAULT_REPLAY_HEADERS,
     KEY_HEADER_BYTES,
@@ -92,6 +92,7 @@ class ASGIIdempotencyMiddleware:
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> None:
         self.app = app
         self.policy = build_policy(handler, Options(
@@ -100,7 +101,7 @@ class ASGIIdempotencyMiddleware:
             max_response_bytes=max_response_bytes, replay_headers=replay_headers,
             profile=profile, replay_errors=replay_errors, problem_type_base=problem_type_base,
             on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
-            reuse_after=reuse_after, on_failure=on_failure,
+            reuse_after=reuse_after, on_failure=on_failure, reconcile=reconcile,
         ))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

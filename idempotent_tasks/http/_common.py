@@ -26,7 +26,7 @@ from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError, Inva
 from .._core.handler import IdempotencyHandler
 from .._core.policies import given_policies
 from .._core.signals import Poison, Release
-from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
+from ..typing import OnFailure, OnInProgress, OnSuccess, Reconcile, Seconds
 from ._profiles import Profile, resolve_profile
 from ._routes import RouteSettings, RouteSpec, RouteTable, StatusPolicy, as_predicate
 
@@ -288,6 +288,7 @@ class Options:
     on_success: OnSuccess | None = None
     reuse_after: Seconds | None = None
     on_failure: OnFailure | None = None
+    reconcile: Reconcile | None = None
 
 
 def build_policy(handler: IdempotencyHandler, options: Options) -> Policy:

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._core.errors import ConfigurationError
 from .._core.policies import given_policies
-from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
+from ..typing import OnFailure, OnInProgress, OnSuccess, Reconcile, Seconds
 
 #: Methods protected by default: the ones that change state.
 UNSAFE_METHODS: tuple[str, ...] = ("POST", "PUT", "PATCH", "DELETE")
@@ -62,8 +62,9 @@ class Route:
 
     ``Route("/payments/{id}", methods=("POST",), status_map={"REQUEST_IN_PROGRESS": 425})``.
     The per-operation policies (``on_in_progress="wait"`` with ``wait_timeout``,
-    ``on_success``, ``reuse_after``, ``on_failure``) apply to this route's requests; a
-    route's own value wins over the middleware's, which wins over the handler's.
+    ``on_success``, ``reuse_after``, ``on_failure``, and ``reconcile``: what
+    ``on_stuck="reconcile"`` asks before re-running a crashed request) apply to this route's
+    requests; a route's own value wins over the middleware's, which wins over the handler's.
     """
 
     template: str
@@ -76,6 +77,7 @@ class Route:
     on_success: OnSuccess | None = None
     reuse_after: Seconds | None = None
     on_failure: OnFailure | None = None
+    reconcile: Reconcile | None = None
 
 
 #: What ``routes=`` accepts: ``"/path/{id}"`` (every unsafe method), ``("POST", "/path")``

@@ -18,7 +18,7 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.runner import MaintenanceRunner
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, Backoff
-from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
+from ..typing import OnFailure, OnInProgress, OnSuccess, Reconcile, Seconds
 from . import _delivery
 from ._spec import ATTEMPT_LABEL, MARK_LABEL, OUTCOME_LABEL, SPEC_ATTRIBUTE
 from ._unique import UniqueRelease
@@ -37,8 +37,9 @@ class IdempotencyMiddleware(TaskiqMiddleware):
     ``idempotent-tasks recover`` / ``cleanup`` from a scheduler).  ``on_outcome`` is called
     with each message and its :class:`~idempotent_tasks.Outcome` (metrics, audit, tests);
     it must not raise.  The per-operation policies (``on_in_progress``, ``wait_timeout``,
-    ``on_success``, ``reuse_after``, ``on_failure``) given here apply to every idempotent
-    task of the broker; a task's own (``@idempotent(...)``) win, then the handler's apply.
+    ``on_success``, ``reuse_after``, ``on_failure``, ``reconcile``) given here apply to every
+    idempotent task of the broker; a task's own (``@idempotent(...)``) win, then the
+    handler's apply.
     """
 
     def __init__(
@@ -54,13 +55,14 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> None:
         super().__init__()
         self.policies: dict[str, Any] = {
             name: value for name, value in (
                 ("on_in_progress", on_in_progress), ("wait_timeout", wait_timeout),
                 ("on_success", on_success), ("reuse_after", reuse_after),
-                ("on_failure", on_failure),
+                ("on_failure", on_failure), ("reconcile", reconcile),
             ) if value is not None
         }
         handler.defaults.merged(**self.policies)  # a bad value fails here, not on a message

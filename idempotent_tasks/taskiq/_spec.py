@@ -9,7 +9,15 @@ from typing import Any
 
 from .._core.errors import ErrorCode, IdempotencyError, InvalidInputError
 from .._core.policies import given_policies
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 
 #: The message labels a producer sets (``kicker().with_labels(**idempotency_labels(...))``).
 KEY_LABEL = "idempotency_key"
@@ -43,6 +51,7 @@ class TaskSpec:
     on_success: OnSuccess | None = None
     reuse_after: Seconds | None = None
     on_failure: OnFailure | None = None
+    reconcile: Reconcile | None = None
 
     @property
     def overrides(self) -> dict[str, Any]:

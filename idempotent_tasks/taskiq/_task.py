@@ -16,7 +16,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._core.errors import ConfigurationError
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from . import _delivery
 from ._spec import MARK_LABEL, SPEC_ATTRIBUTE, TaskSpec
 
@@ -42,6 +50,7 @@ def idempotent(
     on_success: OnSuccess | None = None,
     reuse_after: Seconds | None = None,
     on_failure: OnFailure | None = None,
+    reconcile: Reconcile | None = None,
     **labels: Any,
 ) -> Callable[[F], Any]:
     """Register the decorated function as a taskiq task of ``broker`` that runs at most once
@@ -53,8 +62,9 @@ def idempotent(
     arguments; ``tenant`` may be a constant), the middleware's ``default_tenant``, and —
     only with ``require_key=False`` — the task id.  ``max_retries`` is the number of failed
     attempts the store counts before poisoning.  The per-operation policies
-    (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``, ``on_failure``)
-    win over the middleware's, which win over the handler's.  Other keyword arguments are
+    (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``, ``on_failure``,
+    and ``reconcile``: what ``on_stuck="reconcile"`` asks before a takeover) win over the
+    middleware's, which win over the handler's.  Other keyword arguments are
     taskiq labels.
 
     Args:
@@ -70,6 +80,7 @@ def idempotent(
         ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
         operation=operation, on_in_progress=on_in_progress, wait_timeout=wait_timeout,
         on_success=on_success, reuse_after=reuse_after, on_failure=on_failure,
+        reconcile=reconcile,
     )
 
     return functools.partial(_register, broker, task_name, spec, labels)

@@ -17,9 +17,12 @@ from idempotent_tasks import (
     ErrorCode,
     IdempotencyHandler,
     MemoryStore,
+    Reconciled,
+    Status,
     create_logger_adapter,
 )
 from idempotent_tasks.consumers import IdempotentConsumer
+from idempotent_tasks.testing import FakeClock, simulate_crash
 from tests._wait import budget
 
 from .test_consumer import Recorder, msg
@@ -91,3 +94,33 @@ def test_a_bad_policy_is_refused_at_construction() -> None:
         consumer(on_failure="retry")
     with pytest.raises(ConfigurationError):
         consumer(wait_timeout=-1)
+
+
+def test_reconcile_after_a_crash_replays_done_and_dead_letters_unknown() -> None:
+    """A crashed attempt (``simulate_crash``) whose lease expired: ``reconcile`` is asked
+    before the body runs again; ``done`` settles the message with its result, ``unknown``
+    makes it a dead letter with ``OUTCOME_UNCERTAIN`` (the record UNCERTAIN), the body never
+    runs — through ``process`` and ``process_batch``."""
+    clock = FakeClock()
+    handler = IdempotencyHandler(MemoryStore(), metrics=None, clock=clock, lease_timeout=30)
+    answers = {"k-done": Reconciled.done({"found": True}),
+               "k-unknown": Reconciled.unknown("no answer"),
+               "k-batch": Reconciled.unknown("no answer either")}
+    c = consumer(handler, on_stuck="reconcile", reconcile=lambda ctx: answers[ctx.key])
+    assert handler.options_for("orders.created").on_stuck == "reconcile"
+    for k in answers:
+        crashed = simulate_crash(handler, operation="orders.created", tenant="acme", key=k,
+                                 payload={"n": 1})
+        assert isinstance(crashed, int)
+    clock.advance(31)
+    body = Recorder()
+    done = c.process(msg({"n": 1}, key="k-done"), body)
+    unknown = c.process(msg({"n": 1}, key="k-unknown"), body)
+    [batched] = c.process_batch([msg({"n": 1}, key="k-batch")], body)
+    assert (done.kind, done.result, done.dead_letter) == ("replayed", {"found": True}, False)
+    for refused in (unknown, batched):
+        assert refused.kind == "rejected" and refused.error_code is ErrorCode.OUTCOME_UNCERTAIN
+        assert refused.dead_letter and not refused.retry
+    record = handler.get_record(operation="orders.created", tenant="acme", key="k-unknown")
+    assert record is not None and record.status is Status.UNCERTAIN
+    assert not body.runs

@@ -1,6 +1,7 @@
 """The per-operation policies as FastStream options, behind the middleware and with the
 decorator, on every broker: ``on_success="reject"`` makes a duplicate of a success a
-``rejected`` dead letter with ``DUPLICATE_REJECTED`` — the body ran once."""
+``rejected`` dead letter with ``DUPLICATE_REJECTED`` — the body ran once; ``reconcile=``
+decides what a delivery after a crashed attempt does before the subscriber runs again."""
 
 from __future__ import annotations
 
@@ -9,11 +10,19 @@ from typing import Any
 
 import pytest
 
-from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler, MemoryStore
+from idempotent_tasks import (
+    ConfigurationError,
+    ErrorCode,
+    IdempotencyHandler,
+    MemoryStore,
+    Reconciled,
+)
 from idempotent_tasks.faststream import IdempotencyMiddleware, idempotent
+from idempotent_tasks.testing import FakeClock, simulate_crash
 
 from ._harness import MODES, running
 from ._kits import Kit
+from .conftest import make_kit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,3 +61,41 @@ def test_a_bad_policy_is_refused_at_construction() -> None:
         IdempotencyMiddleware(handler, on_in_progress="never")
     with pytest.raises(ConfigurationError, match="reuse_after"):
         idempotent(handler, reuse_after=-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reconcile_after_a_crash_replays_done_and_dead_letters_unknown(
+    request: pytest.FixtureRequest, mode: str
+) -> None:
+    """A crashed attempt (``simulate_crash``) whose lease expired, on RabbitMQ (the mapping
+    is the same on every broker): ``reconcile`` answers before the subscriber runs again —
+    ``done`` acks the message with the reconciled result, ``unknown`` dead-letters it with
+    ``OUTCOME_UNCERTAIN``.  The subscriber never runs."""
+    kit, clock = make_kit("rabbit", request), FakeClock()
+    handler = IdempotencyHandler(MemoryStore(), lease_timeout=30, metrics=None, clock=clock)
+    answers = {"k-done": Reconciled.done("found"), "k-unknown": Reconciled.unknown("no answer")}
+    for k in answers:
+        assert isinstance(simulate_crash(handler, operation="orders.charge", tenant="acme",
+                                         key=k, payload={"n": 1}), int)
+    clock.advance(31)
+    calls: list[Any] = []
+
+    async def charge(body: dict[str, Any]) -> str:
+        calls.append(body)
+        return "charged again"
+
+    async def scenario() -> None:
+        dest, dead = kit.destination(), kit.destination("dead")
+        async with running(kit, handler, {dest: charge}, mode=mode, dead_letter=dead,
+                           on_stuck="reconcile", reconcile=lambda ctx: answers[ctx.key]) as r:
+            await r.publish(dest, {"n": 1}, key="k-done")
+            await r.until(lambda: r.kinds() == ["replayed"])
+            await r.publish(dest, {"n": 1}, key="k-unknown")
+            await r.dead.wait(1)
+            await r.until(lambda: len(r.kinds()) == 2)
+        assert r.outcomes[0][1].result == "found"
+        assert r.outcomes[1][1].error_code is ErrorCode.OUTCOME_UNCERTAIN
+        assert r.dead.items[0][1]["idempotency-error-code"] == "OUTCOME_UNCERTAIN"
+        assert calls == []
+
+    asyncio.run(scenario())

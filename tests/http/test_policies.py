@@ -1,24 +1,28 @@
 """The per-operation policies as middleware and per-route options (FastAPI and Flask): they
 reach the engine, a route's value wins over the middleware's, which wins over the handler's,
 a duplicate refused by ``on_success="reject"`` is 409 ``DUPLICATE_REJECTED`` (a problem
-document under ``profile="ietf"``), and a bad value fails at construction.  The waiting
+document under ``profile="ietf"``), ``reconcile=`` answers a request after a crashed attempt
+(409 ``OUTCOME_UNCERTAIN`` when it cannot tell), and a bad value fails at construction.  The waiting
 duplicate under a real server is in test_real_servers.py."""
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from idempotent_tasks import ConfigurationError, IdempotencyHandler, MemoryStore
+from idempotent_tasks import ConfigurationError, IdempotencyHandler, MemoryStore, Reconciled
 from idempotent_tasks.http import (
     PROBLEM_TYPE_BASE,
     ASGIIdempotencyMiddleware,
     Route,
     WSGIIdempotencyMiddleware,
 )
+from idempotent_tasks.testing import FakeClock, simulate_crash
 
 from ._apps import ROUTES, Resp, Script
 
@@ -87,3 +91,44 @@ def test_a_bad_policy_is_refused_at_construction(cls: Any) -> None:
     with pytest.raises(ConfigurationError, match="wait_timeout"):
         cls(_app, new_handler(), get_tenant=lambda r: "t",
             routes=[Route("/p", on_in_progress="wait", wait_timeout=0)])
+
+
+def stored_response(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """What ``reconcile`` answers ``done`` with on an HTTP route: a stored response (status,
+    headers kept for replays, base64 body), as the middleware records a success."""
+    content = json.dumps(body).encode()
+    return {"v": 1, "status": status, "reason": None,
+            "headers": [["content-type", "application/json"]],
+            "body": base64.b64encode(content).decode("ascii")}
+
+
+def test_reconcile_on_a_route_wins_and_answers_a_crashed_request(make: MakeDriver) -> None:
+    """The handler reconciles with ``on_stuck="reconcile"``; the middleware's ``reconcile``
+    wins over the handler's, ``/refunds``'s own over the middleware's.  After a crashed
+    attempt whose lease expired: ``done`` replays the reconciled response, ``unknown`` is
+    409 ``OUTCOME_UNCERTAIN`` (a problem document under ``profile="ietf"``) with the detail.
+    The endpoint never runs."""
+    clock = FakeClock()
+    handler = new_handler(clock=clock, lease_timeout=30, on_stuck="reconcile",
+                          reconcile=lambda ctx: Reconciled.unknown("the handler's"))
+    routes = [r for r in ROUTES if not (isinstance(r, Route) and r.template == "/refunds")]
+    routes.append(Route("/refunds", methods=("POST",),
+                        reconcile=lambda ctx: Reconciled.unknown("the route's: no answer")))
+    script = Script()
+    d = make(handler, script, routes=routes, profile="ietf", get_payload=lambda r: {"n": 1},
+             reconcile=lambda ctx: Reconciled.done(stored_response(201, {"found": ctx.key})))
+    keys = {"POST /payments/{id}": str(uuid.uuid4()), "POST /refunds": str(uuid.uuid4())}
+    for operation, k in keys.items():
+        crashed = simulate_crash(handler, operation=operation, tenant="acme", key=k,
+                                 payload={"n": 1})
+        assert isinstance(crashed, int)
+    clock.advance(31)
+    done = d.request("POST", "/payments/7", key=keys["POST /payments/{id}"], json={"n": 1})
+    assert (done.status, done.json()) == (201, {"found": keys["POST /payments/{id}"]})
+    assert done.header("idempotent-replayed") == "true"
+    refused = d.request("POST", "/refunds", key=keys["POST /refunds"], json={"n": 1})
+    assert refused.status == 409
+    assert refused.header("content-type") == "application/problem+json"
+    problem = refused.json()
+    assert problem["code"] == "OUTCOME_UNCERTAIN" and "the route's: no answer" in problem["detail"]
+    assert script.runs == 0
