@@ -34,7 +34,9 @@ Step = Generator[Command, Any, Any]
 def recover(engine: Engine, timeout: float | None, limit: int) -> Generator[Command, Any, int]:
     """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last
     heartbeat is older than it): count the crashed attempt and release or poison
-    (``on_stuck="retry"``), or poison (``"fail"``).  Returns the records handled."""
+    (``on_stuck="retry"``), or poison (``"fail"``); ``"reconcile"`` records are left to the
+    next delivery, which asks ``reconcile`` before anything runs.  Returns the records
+    handled."""
     now = engine.clock()
     heartbeat_before = None if timeout is None else now - timeout
     stuck = yield FindStuck(now, heartbeat_before, limit)
@@ -52,6 +54,11 @@ def _recover_one(engine: Engine, record: StoredRecord, now: float) -> Step:
     s = record.scope
     opts = engine.options_for(s.operation)
     fields = {"tenant": s.tenant, "operation": s.operation, "key": s.key}
+    if opts.on_stuck == "reconcile":
+        # Releasing it would make the next delivery a fresh claim that never asks
+        # ``reconcile``: the crashed attempt is left to its redelivery's takeover.
+        engine.log.info("recovery_left_to_reconcile", status="PROCESSING", **fields)
+        return False
     if opts.on_stuck == "fail":
         ok = yield MarkFailed(s, record.fencing_token, now, now + opts.ttl,
                               only_if_lease_expired=True)

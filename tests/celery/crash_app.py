@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 
 from idempotent_tasks import IdempotencyHandler, SQLStore
 from idempotent_tasks.celery import IdempotentTask, setup
+from tests._three_steps import reconcile_for, three_steps
 
 WORKDIR = Path(os.environ["IT_CRASH_DIR"])
 app = Celery(
@@ -53,3 +55,17 @@ def slow(order: str) -> str:
     with (WORKDIR / "slow-effects").open("a") as f:
         f.write(f"{order}\n")
     return f"charged {order} on attempt {attempt}"
+
+
+# Effects outside the database (test_effects_worker.py): three recorded steps, the first
+# attempt SIGKILLed after the second; ``crash.steps`` takes a crashed attempt over
+# (``on_stuck="retry"``), ``crash.reconciled`` asks ``reconcile`` first.
+@app.task(base=IdempotentTask, name="crash.steps", wait_backoff=(0.3, 0.6), shared=False)
+def steps(order: str) -> list[Any]:
+    return three_steps(WORKDIR)
+
+
+@app.task(base=IdempotentTask, name="crash.reconciled", wait_backoff=(0.3, 0.6), shared=False,
+          on_stuck="reconcile", reconcile=reconcile_for(WORKDIR))
+def reconciled(order: str) -> list[Any]:
+    return three_steps(WORKDIR)

@@ -6,7 +6,11 @@ its row, so the harness can tell which execution a stored or replayed result cam
 
 ``transactional`` bodies write the row through the store's transaction (docs/transactional.md);
 ``plain`` bodies commit it on their own connection before the outcome is written — the window
-in which a crash leaves an effect behind a PROCESSING record.  A few *crash keys* make that
+in which a crash leaves an effect behind a PROCESSING record.  With ``plain_steps`` (the
+``…-steps`` runs) the plain body is written as a recorded step whose insert is keyed by
+``ctx.derived_key("ledger")`` under a unique constraint, as a downstream service deduplicating
+by an idempotency key would: a re-run of the step after a crash finds the row and returns its
+token instead of writing a second one.  A few *crash keys* make that
 window certain: the first execution of such a key kills its own worker process group right
 after the ledger write (once per key: a committed marker row decides).  A few *slow keys*
 (the Celery Redis-broker run) hold their body for ``slow_seconds``, longer than the broker's
@@ -30,7 +34,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from idempotent_tasks import IdempotencyHandler, RedisCache, SQLStore
+from idempotent_tasks import IdempotencyHandler, RedisCache, SQLStore, current_context
 
 TENANT = "chaos"
 OPERATIONS = {"transactional": "chaos.tx", "plain": "chaos.plain"}
@@ -63,6 +67,7 @@ class WorkerConfig:
     broker_options: dict[str, Any] = field(default_factory=dict)
     slow_keys: list[str] = field(default_factory=list)
     slow_seconds: float = 0.0
+    plain_steps: bool = False
 
     def to_env(self) -> str:
         return json.dumps(self.__dict__)
@@ -100,6 +105,11 @@ class LedgerWriter:
             f"INSERT INTO {cfg.ledger} (profile, key, token, pid) "
             "VALUES (:profile, :key, :token, :pid)"
         )
+        self._insert_keyed = (
+            f"INSERT INTO {cfg.ledger} (profile, key, token, pid, dkey) "
+            "VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (dkey) DO UPDATE SET dkey = EXCLUDED.dkey RETURNING token"
+        )
         self._mark = (
             f"INSERT INTO {cfg.crash_table} (key, pid) VALUES (%s, %s) "
             "ON CONFLICT DO NOTHING RETURNING key"
@@ -107,11 +117,28 @@ class LedgerWriter:
 
     def plain(self, key: str) -> dict[str, str]:
         """The effect commits on its own connection, before the outcome is written."""
+        if self.cfg.plain_steps:
+            return self.plain_steps(key)
         token = uuid.uuid4().hex
         self._maybe_hold(key)
         self._execute(self._insert, ("plain", key, token, os.getpid()))
         self._maybe_crash(key)
         return {"key": key, "token": token}
+
+    def plain_steps(self, key: str) -> dict[str, str]:
+        """The plain effect as a recorded step keyed downstream by ``ctx.derived_key``."""
+        ctx = current_context()
+        assert ctx is not None
+        self._maybe_hold(key)
+        token: str = ctx.step("ledger", self._keyed_row, key, ctx.derived_key("ledger"))
+        return {"key": key, "token": token}
+
+    def _keyed_row(self, key: str, dkey: str) -> str:
+        """Insert the row under ``dkey``, or find the one a crashed attempt wrote: its token."""
+        row = self._first(self._insert_keyed, ("plain", key, uuid.uuid4().hex, os.getpid(), dkey))
+        assert row is not None
+        self._maybe_crash(key)  # after the effect, before the step is recorded
+        return str(row[0])
 
     def transactional(self, conn: Any, key: str) -> dict[str, str]:
         """The effect is written in the transaction that also records SUCCESS (docs/transactional.md)."""
@@ -136,6 +163,10 @@ class LedgerWriter:
 
     def _execute(self, sql: str, params: tuple[Any, ...]) -> bool:
         """Run one autocommit statement; True when it returned a row."""
+        return self._first(sql, params) is not None
+
+    def _first(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """Run one autocommit statement; the first row it returned, if any."""
         conn = getattr(self._local, "conn", None)
         try:
             if conn is None:
@@ -143,7 +174,7 @@ class LedgerWriter:
                     self.cfg.dsn, autocommit=True, connect_timeout=3
                 )
             cur = conn.execute(sql, params)
-            return cur.description is not None and cur.fetchone() is not None
+            return cur.fetchone() if cur.description is not None else None
         except psycopg.Error:
             self._local.conn = None  # reconnect next time (e.g. PostgreSQL restarted)
             if conn is not None:

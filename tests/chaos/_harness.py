@@ -307,7 +307,8 @@ def run_chaos(integration: Integration, env: ChaosEnv) -> dict[str, Any]:
     summary["fault_timeline"] = driver.timeline
     summary["producer_publish_errors"] = producer.publish_errors
     report(summary)
-    check(facts, env, driver.counts, sampler.samples, sampler.violations)
+    check(facts, env, driver.counts, sampler.samples, sampler.violations,
+          plain_steps=config.plain_steps)
     return summary
 
 

@@ -145,6 +145,16 @@ class DramatiqIntegration(RabbitIntegration):
         self.broker.close()
 
 
+
+class DramatiqStepsIntegration(DramatiqIntegration):
+    """Dramatiq, its plain ledger body written as a recorded step whose insert is keyed by
+    ``ctx.derived_key`` downstream (``plain_steps``): the plain profile's doubles must be 0."""
+
+    name = "dramatiq-steps"
+
+    def worker_config(self, base: WorkerConfig) -> WorkerConfig:
+        return replace(super().worker_config(base), plain_steps=True)
+
 class KafkaIntegration(BaseIntegration):
     """The Kafka consumer loop on Tansu: one topic and group per ledger profile; each
     delivery's outcome comes from the loops' ``on_outcome`` (JSON lines per process)."""

@@ -64,7 +64,9 @@ class Database:
 
 
 class Ledger:
-    """``<run>_ledger``: no unique constraint, so a double execution shows as two rows."""
+    """``<run>_ledger``: no unique constraint on the key, so a double execution shows as two
+    rows; ``dkey`` (unique, NULL but for the ``plain_steps`` body) is the downstream
+    idempotency key a body may send with its insert."""
 
     def __init__(self, run_id: str, prefix: str, dsn: str) -> None:
         self.table = f"chaos_{run_id}_ledger"
@@ -76,7 +78,7 @@ class Ledger:
     def create(self) -> None:
         self.db.must(
             f"CREATE TABLE {self.table} (id BIGSERIAL PRIMARY KEY, profile TEXT NOT NULL, "
-            "key TEXT NOT NULL, token TEXT NOT NULL, pid INTEGER NOT NULL)"
+            "key TEXT NOT NULL, token TEXT NOT NULL, pid INTEGER NOT NULL, dkey TEXT UNIQUE)"
         )
         self.db.must(f"CREATE TABLE {self.crash_table} (key TEXT PRIMARY KEY, pid INTEGER)")
 

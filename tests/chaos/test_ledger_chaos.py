@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from idempotent_tasks import SQLStore
+from idempotent_tasks.stores.effects import StepStore
 from tests._services import require
 
 from ._celery import CeleryIntegration, CeleryRedisIntegration
 from ._faults import PrivateRedis, RabbitVhost
 from ._harness import ChaosEnv, run_chaos
-from ._integrations import DramatiqIntegration, KafkaIntegration
+from ._integrations import DramatiqIntegration, DramatiqStepsIntegration, KafkaIntegration
 from ._profile import current_profile
 
 # No re-run: a run that fails is a finding (docs/guarantees.md).
@@ -99,6 +101,21 @@ def test_celery_redis_broker_ledger_under_chaos(celery_redis_integration: Celery
 def test_dramatiq_ledger_under_chaos(dramatiq_integration: DramatiqIntegration,
                                      chaos_env: ChaosEnv) -> None:
     run_chaos(dramatiq_integration, chaos_env)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.skipif(not issubclass(SQLStore, StepStore),
+                    reason="SQLStore does not record steps yet")
+def test_dramatiq_steps_ledger_under_chaos(rabbit_vhost: RabbitVhost,
+                                           chaos_env: ChaosEnv) -> None:
+    """The plain ledger body as a recorded step with a downstream key
+    (``ctx.derived_key("ledger")`` under a unique constraint): the same faults, no double."""
+    integration = DramatiqStepsIntegration(rabbit_vhost, chaos_env.run_id)
+    try:
+        summary = run_chaos(integration, chaos_env)
+    finally:
+        integration.close()
+    assert summary["ledger"]["plain"]["doubles"] == 0, summary
 
 
 @pytest.mark.kafka

@@ -17,6 +17,7 @@ import dramatiq
 
 from idempotent_tasks import IdempotencyHandler, SQLStore, current_context
 from idempotent_tasks.dramatiq import IdempotencyMiddleware, idempotent_actor
+from tests._three_steps import reconcile_for, three_steps
 
 QUEUE = os.environ["IT_QUEUE"]
 WORKDIR = Path(os.environ["IT_WORKDIR"])
@@ -73,3 +74,16 @@ def effect(order_id: str) -> None:
 def always_fails(order_id: str) -> None:
     _append("failures", order_id)
     raise ConnectionError("transient, forever")
+
+
+# Effects outside the database (test_effects_worker.py): three recorded steps, the first
+# attempt SIGKILLed after the second; ``steps`` takes a crashed attempt over
+# (``on_stuck="retry"``), ``reconciled`` asks ``reconcile`` first.
+@idempotent_actor(**FAST)
+def steps(order_id: str) -> list[Any]:
+    return three_steps(WORKDIR)
+
+
+@idempotent_actor(on_stuck="reconcile", reconcile=reconcile_for(WORKDIR), **FAST)
+def reconciled(order_id: str) -> list[Any]:
+    return three_steps(WORKDIR)
