@@ -66,6 +66,12 @@ class CursorPlans(CommonPlans):
         p = take_over_params(scope, expected_token, now, lease_expires_at)
         return self._call(lambda cur: self.ops.take_over(cur, p))
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> Plan[int | None]:
+        p = take_over_params(scope, expected_token, now, lease_expires_at)
+        return self._call(lambda cur: self.ops.reopen(cur, p))
+
     def mark_success_many(
         self, writes: Sequence[SuccessWrite], *, now: float
     ) -> Plan[list[bool]]:
