@@ -411,6 +411,25 @@ def test_every_write_the_replica_does_not_confirm_is_refused(pair: Pair) -> None
     assert waiting.release(s[5], token=1) is False  # a refused write: as usual
 
 
+def test_a_reopen_the_replica_does_not_confirm_is_refused_and_withdrawn(pair: Pair) -> None:
+    """``reopen`` is a claim too: unconfirmed, it is STORE_UNAVAILABLE and withdrawn (the new
+    attempt released with its own token), so the redelivery claims the scope afresh; a
+    refused reopen wrote nothing and is answered as usual."""
+    plain = pair.store(pair.primary)
+    waiting = pair.store(pair.primary, wait_replicas=1, wait_timeout=WAIT_TIMEOUT)
+    pair.hold_link()
+    now = time.time()
+    scope = Scope("acme", "pay", f"reopen-{uuid.uuid4().hex[:6]}")
+    token = plain.create(scope, request_hash="h", now=now, lease_expires_at=now + 30
+                         ).record.fencing_token
+    assert plain.mark_success(scope, token=token, response=b"r", now=now, expires_at=now + 60)
+    assert waiting.reopen(scope, expected_token=token + 1, now=now,
+                          lease_expires_at=now + 30) is None  # refused: as usual
+    with pytest.raises(StoreUnavailableError, match="1 claim"):
+        waiting.reopen(scope, expected_token=token, now=now, lease_expires_at=now + 30)
+    assert plain.get(scope) is None and plain.get_retry_count(scope) == 0
+
+
 # -- clients managed by Sentinel ------------------------------------------------------------
 @pytest.fixture
 def sentinel_port(tmp_path: Path) -> Iterator[int]:

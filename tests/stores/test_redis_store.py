@@ -141,6 +141,7 @@ CALLS: dict[str, Callable[[Store], object]] = {
     ),
     "get": lambda s: s.get(S),
     "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW + 1),
+    "reopen": lambda s: s.reopen(S, expected_token=1, now=NOW, lease_expires_at=NOW + 1),
     "heartbeat": lambda s: s.heartbeat(S, token=1, now=NOW, lease_expires_at=NOW + 1),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
     "mark_success_many": lambda s: s.mark_success_many(
@@ -578,12 +579,13 @@ def test_fencing_token_is_the_shard_counter_then_the_shard_number(
     assert int(raw.get(k.tokens)) * 1000 + shard == second
 
 
-@pytest.mark.parametrize("how", ["take_over", "replace_expired"])
+@pytest.mark.parametrize("how", ["take_over", "replace_expired", "reopen"])
 def test_fencing_tokens_move_past_a_record_of_an_earlier_version(
     rstore: RedisStore, raw: Any, how: str
 ) -> None:
-    """Earlier versions wrote random 62-bit tokens: taking over or replacing such a record
-    moves the shard's counter past it, so the new attempt's token is still greater."""
+    """Earlier versions wrote random 62-bit tokens: taking over, replacing or reopening such
+    a record moves the shard's counter past it, so the new attempt's token is still
+    greater."""
     old = 4_611_686_018_427_387_123
     t = token_of(rstore)
     k = rstore._keys(S)
@@ -592,6 +594,11 @@ def test_fencing_tokens_move_past_a_record_of_an_earlier_version(
         taken = rstore.take_over(S, expected_token=old, now=NOW + 31, lease_expires_at=NOW + 61)
         assert taken is not None
         new = taken.token
+    elif how == "reopen":
+        assert rstore.mark_success(S, token=old, response=b"1", now=NOW, expires_at=NOW + 5)
+        reopened = rstore.reopen(S, expected_token=old, now=NOW + 1, lease_expires_at=NOW + 31)
+        assert reopened is not None
+        new = reopened
     else:
         assert rstore.mark_success(S, token=old, response=b"1", now=NOW, expires_at=NOW + 5)
         replaced = claim(rstore, now=NOW + 5)

@@ -449,6 +449,7 @@ SCHEMA_CALLS: dict[str, Any] = {
     ),
     "get": lambda s: s.get(S),
     "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW),
+    "reopen": lambda s: s.reopen(S, expected_token=1, now=NOW, lease_expires_at=NOW),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
     "record_failure": lambda s: s.record_failure(
         S, token=1, now=NOW, max_retries=3, expires_at=NOW

@@ -37,6 +37,7 @@ SCRIPTS: Final = (
     "claim",
     "claim_many",
     "take_over",
+    "reopen",
     "heartbeat",
     "mark_success",
     "mark_failed",
