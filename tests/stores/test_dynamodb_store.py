@@ -194,6 +194,35 @@ def test_dynamodb_counter_item_outlives_its_record(dynamodb_store: DynamoDBStore
     assert counter is not None and counter["n"] == {"N": "1"}
 
 
+def test_dynamodb_reopen_is_one_transaction_of_the_record_and_its_counter(
+    dynamodb_store: DynamoDBStore,
+) -> None:
+    """One ``TransactWriteItems``: the record back in the PROCESSING index partition (no
+    response, no expiry) and the counter item deleted; a store whose block is older than the
+    settled attempt's token draws a newer block, so the token still grows."""
+    keys, digest = dynamodb_store._keys, dynamodb_store._keys.digest(S)
+    claim(dynamodb_store, Scope("t", "o", "warm"))  # this store's block first, then other's
+    other = DynamoDBStore(dynamodb_store.table_name, endpoint_url=moto_endpoint(),
+                          region_name="us-east-1", index_shards=1)
+    token = claim(other).record.fencing_token
+    failed = other.record_failure(S, token=token, now=NOW, max_retries=1, expires_at=NOW + 9)
+    assert failed is not None and failed.poisoned
+    seen = Requests(dynamodb_store.client)
+    reopened: list[int | None] = []
+    names = seen.during(lambda: reopened.append(dynamodb_store.reopen(
+        S, expected_token=token, now=NOW + 5, lease_expires_at=NOW + 35)))
+    assert names == ["UpdateItem", "PutItem", "TransactWriteItems"]  # a new block, then it
+    assert reopened[0] is not None and reopened[0] > token
+    item = raw_item(dynamodb_store, keys.record(digest))
+    assert item is not None and "rs" not in item and "ex" not in item
+    assert item["gp"] == keys.status_partition(Status.PROCESSING, digest)
+    assert item["gs"] == {"N": repr(NOW + 5)} and item["le"] == {"N": repr(NOW + 35)}
+    assert raw_item(dynamodb_store, keys.counter(digest)) is None
+    assert seen.during(lambda: dynamodb_store.reopen(
+        S, expected_token=token, now=NOW + 6, lease_expires_at=NOW + 36)) == ["TransactWriteItems"]
+    other.close()
+
+
 def test_dynamodb_ttl_attribute_is_garbage_collection_beyond_the_logical_end(
     dynamodb_store: DynamoDBStore,
 ) -> None:
