@@ -62,6 +62,19 @@ BROKEN = {
         """,
         "test_take_over_needs_expired_lease_and_expected_token",
     ),
+    "reopen_keeps_the_counter": (
+        """
+        def reopen(self, scope, *, expected_token, now, lease_expires_at):
+            count = self.get_retry_count(scope)
+            token = super().reopen(scope, expected_token=expected_token, now=now,
+                                   lease_expires_at=lease_expires_at)
+            with self._tx() as conn:  # breaks: a new execution must count afresh
+                conn.execute(f"INSERT INTO {self.counters} VALUES (?, ?, ?, ?, ?)",
+                             (*scope, count, now))
+            return token
+        """,
+        "test_reopen_gives_a_success_record_to_a_new_attempt",
+    ),
 }
 
 SUITE = '''
