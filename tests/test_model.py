@@ -693,29 +693,34 @@ class _ReusesTokens(MemoryStore):
         return 7
 
 
-class _KeepsCounterOnReplace(MemoryStore):
-    def create(
-        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
-    ) -> CreateResult:
+class _KeepsCounter(MemoryStore):
+    """Puts back the counter a call reset (the breakages below)."""
+
+    def _keeping_counter(self, scope: Scope, now: float, call: Callable[[], Any]) -> Any:
         count = self.get_retry_count(scope)
-        result = super().create(
-            scope, request_hash=request_hash, now=now, lease_expires_at=lease_expires_at,
-        )
+        result = call()
         for _ in range(count - self.get_retry_count(scope)):
             self._bump(scope, now)
         return result
 
 
-class _ReopenKeepsCounter(MemoryStore):
+class _KeepsCounterOnReplace(_KeepsCounter):
+    def create(
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
+    ) -> CreateResult:
+        create = super().create
+        result: CreateResult = self._keeping_counter(scope, now, lambda: create(
+            scope, request_hash=request_hash, now=now, lease_expires_at=lease_expires_at))
+        return result
+
+
+class _ReopenKeepsCounter(_KeepsCounter):
     def reopen(
         self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float,
     ) -> int | None:
-        count = self.get_retry_count(scope)
-        token = super().reopen(
-            scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at,
-        )
-        for _ in range(count - self.get_retry_count(scope)):
-            self._bump(scope, now)
+        reopen = super().reopen
+        token: int | None = self._keeping_counter(scope, now, lambda: reopen(
+            scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at))
         return token
 
 
