@@ -12,6 +12,7 @@ from ._core.context import current_context
 from ._core.errors import (
     ConfigurationError,
     ConflictError,
+    DuplicateRejectedError,
     ErrorCode,
     IdempotencyError,
     InvalidInputError,
@@ -77,6 +78,7 @@ __all__ = [
     "AsyncSQLStore",
     "ConfigurationError",
     "ConflictError",
+    "DuplicateRejectedError",
     "DynamoDBStore",
     "ErrorCode",
     "IdempotencyContext",

@@ -155,6 +155,9 @@ class HandlerFacade:
     def execute(self, fn: Callable[[], Any], **kw: Any) -> Any:
         return self.loop.run(self.handler.execute_async(_threaded(fn), **kw))
 
+    def run(self, fn: Callable[[], Any], **kw: Any) -> Outcome:
+        return self.loop.run(self.handler.run_async(_threaded(fn), **kw))
+
     def execute_in_transaction(self, fn: Callable[[Any], Any], **kw: Any) -> Any:
         outcome = self.loop.run(self.handler.run_async(_threaded(fn), transactional=True, **kw))
         return outcome.unwrap()

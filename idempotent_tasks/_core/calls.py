@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from ..stores.base import TransactionalStore
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from .batch import Entry
 from .commands import Command
 from .engine import Engine
@@ -35,12 +35,13 @@ def build_flow(
     max_retries: int | None,
     on_stuck: OnStuck | None,
     on_loop: bool,
+    policies: dict[str, Any] | None = None,
 ) -> Flow | Outcome:
     """The flow for one call, or the outcome its input earns without any I/O."""
     try:
         call = engine.prepare(
             operation, tenant, key, payload, require_key, ttl, lease_timeout, max_retries,
-            on_stuck,
+            on_stuck, policies,
         )
         if transactional or engine.io.native_async:
             refusal = transactional_refusal(engine, transactional, on_loop)
@@ -92,11 +93,37 @@ def batch_entry(
             operation,  # type: ignore[arg-type]
             tenant, key, item.get("payload"), item.get("require_key", True),
             item.get("ttl"), item.get("lease_timeout"), item.get("max_retries"),
-            item.get("on_stuck"),
+            item.get("on_stuck"), _batch_policies(item),
         )
     except IdempotencyError as err:
         return _rejected(err, operation, tenant, key)
     return Entry(item, call.scope.operation if call else str(operation), call)
+
+
+def call_policies(
+    on_in_progress: OnInProgress | None,
+    wait_timeout: Seconds | None,
+    on_success: OnSuccess | None,
+    reuse_after: Seconds | None,
+    on_failure: OnFailure | None,
+) -> dict[str, Any] | None:
+    """The call site's policies, or ``None`` when it names none (the common case)."""
+    if (
+        on_in_progress is None and wait_timeout is None and on_success is None
+        and reuse_after is None and on_failure is None
+    ):
+        return None
+    return {"on_in_progress": on_in_progress, "wait_timeout": wait_timeout,
+            "on_success": on_success, "reuse_after": reuse_after, "on_failure": on_failure}
+
+
+_POLICY_NAMES = ("on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure")
+
+
+def _batch_policies(item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A batch call's own policies (``run``'s keyword names), if it names any."""
+    named = {name: item[name] for name in _POLICY_NAMES if item.get(name) is not None}
+    return named or None
 
 
 def _rejected(err: IdempotencyError, operation: Any, tenant: Any, key: Any) -> Outcome:
@@ -112,4 +139,4 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-__all__ = ["batch_entry", "build_flow", "transactional_refusal"]
+__all__ = ["batch_entry", "build_flow", "call_policies", "transactional_refusal"]

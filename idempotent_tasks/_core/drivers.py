@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from .commands import Command
 from .engine import Engine
+from .outcome import Outcome
 
 R = TypeVar("R")
 
@@ -50,4 +51,16 @@ async def drive_async(engine: Engine, flow: Generator[Command, Any, R]) -> R:
         return result
 
 
-__all__ = ["drive", "drive_async"]
+def driven(engine: Engine, flow: Generator[Command, Any, Outcome] | Outcome) -> Outcome:
+    """``drive`` a flow; an outcome decided before any I/O passes through."""
+    return flow if isinstance(flow, Outcome) else drive(engine, flow)
+
+
+async def driven_async(
+    engine: Engine, flow: Generator[Command, Any, Outcome] | Outcome
+) -> Outcome:
+    """``drive_async`` a flow; an outcome decided before any I/O passes through."""
+    return flow if isinstance(flow, Outcome) else await drive_async(engine, flow)
+
+
+__all__ = ["drive", "drive_async", "driven", "driven_async"]

@@ -26,6 +26,7 @@ from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _
 from .store_calls import GetRetryCount, Heartbeat
 from .tracing import unwrap
 from .validation import validate_key, validate_operation, validate_tenant
+from .waiting import DEFAULT_MAX_WAITERS, Waiters
 
 if TYPE_CHECKING:
     from ..caches.base import Cache
@@ -94,11 +95,17 @@ class Engine:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         outcome_retry_timeout: Seconds = DEFAULT_OUTCOME_RETRY_TIMEOUT,
         async_executor_threads: int = DEFAULT_ASYNC_EXECUTOR_THREADS,
+        max_waiters: int = DEFAULT_MAX_WAITERS,
+        **policies: Any,
     ) -> None:
         self.store = store
         self.cache = cache
-        self.defaults = Options(seconds(ttl), seconds(lease_timeout), max_retries, on_stuck)
+        self.defaults = Options(
+            seconds(ttl), seconds(lease_timeout), max_retries, on_stuck
+        ).merged(**policies)
         self.defaults.validate()
+        #: Duplicates waiting for a running attempt's outcome (``on_in_progress="wait"``).
+        self.waiters = Waiters(max_waiters)
         self.heartbeat_interval = _heartbeat_interval(heartbeat_interval, self.defaults)
         self.log: Logger = logger if logger is not None else default_logger()
         self._debug_enabled: Callable[[], bool] | None = getattr(
@@ -123,14 +130,16 @@ class Engine:
         self.cache_mode: Literal["inline", "async", "offload"] = _cache_mode(cache)
         self._operations: dict[str, Options] = {}
         self._accepted: dict[str, str] = {}
+        self.heartbeat = self._heartbeat()
+
+    def _heartbeat(self) -> HeartbeatThread | AsyncHeartbeat | None:
+        """The lease renewer of running bodies: a thread, or a task on an async store's loop."""
         interval = self.heartbeat_interval
-        self.heartbeat: HeartbeatThread | AsyncHeartbeat | None = None
-        if interval is not None:
-            self.heartbeat = (
-                AsyncHeartbeat(interval, self._renew_async)
-                if self.io.native_async
-                else HeartbeatThread(interval, self._renew)
-            )
+        if interval is None:
+            return None
+        if self.io.native_async:
+            return AsyncHeartbeat(interval, self._renew_async)
+        return HeartbeatThread(interval, self._renew)
 
     # ------------------------------------------------------------------ options
     def register_operation(
@@ -141,10 +150,14 @@ class Engine:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        **policies: Any,
     ) -> None:
-        """Per-operation defaults (what a task decorator declares); recovery uses them too."""
+        """Per-operation defaults (what a task decorator declares); recovery uses them too.
+        ``policies``: the per-operation policies (``on_in_progress``, ``wait_timeout``,
+        ``on_success``, ``reuse_after``, ``on_failure``)."""
         self._operations[operation] = self.defaults.merged(
-            ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
+            ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+            **policies,
         )
 
     def options_for(self, operation: str) -> Options:
@@ -162,6 +175,7 @@ class Engine:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        policies: dict[str, Any] | None = None,
     ) -> Call | None:
         """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``).
         Runs on every delivery: the memo look-ups and the options are inlined."""
@@ -177,9 +191,13 @@ class Engine:
             t = self._validated(tenant, validate_tenant)
         scope = _new_scope(Scope, (t, op, k))
         options = self._operations.get(op, self.defaults)
-        if not (ttl is None and lease_timeout is None and max_retries is None and on_stuck is None):
+        if not (
+            ttl is None and lease_timeout is None and max_retries is None and on_stuck is None
+            and policies is None
+        ):
             options = options.merged(
-                ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck
+                ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+                **(policies or {}),
             )
         return Call(scope, self.hash_payload(scope, payload), options)
 

@@ -25,6 +25,7 @@ class ErrorCode(enum.StrEnum):
     KEY_REUSED_WITH_DIFFERENT_REQUEST = "KEY_REUSED_WITH_DIFFERENT_REQUEST"
     REQUEST_IN_PROGRESS = "REQUEST_IN_PROGRESS"
     REQUEST_FAILED = "REQUEST_FAILED"
+    DUPLICATE_REJECTED = "DUPLICATE_REJECTED"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OUTCOME_NOT_RECORDED = "OUTCOME_NOT_RECORDED"
     RESPONSE_NOT_SERIALIZABLE = "RESPONSE_NOT_SERIALIZABLE"
@@ -42,6 +43,7 @@ DEFAULT_STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST: 409,
     ErrorCode.REQUEST_IN_PROGRESS: 409,
     ErrorCode.REQUEST_FAILED: 409,
+    ErrorCode.DUPLICATE_REJECTED: 409,
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.OUTCOME_NOT_RECORDED: 503,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: 500,
@@ -127,6 +129,13 @@ class RequestFailedError(ConflictError):
     default_code = ErrorCode.REQUEST_FAILED
 
 
+class DuplicateRejectedError(ConflictError):
+    """The scope already succeeded and its operation refuses a second call
+    (``on_success="reject"``) instead of replaying the first one's result."""
+
+    default_code = ErrorCode.DUPLICATE_REJECTED
+
+
 class StoreUnavailableError(IdempotencyError):
     """The store could not be reached or answered with an error; the body did not run."""
 
@@ -158,6 +167,7 @@ ERROR_CLASSES: Mapping[ErrorCode, type[IdempotencyError]] = {
     ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST: KeyReusedError,
     ErrorCode.REQUEST_IN_PROGRESS: RequestInProgressError,
     ErrorCode.REQUEST_FAILED: RequestFailedError,
+    ErrorCode.DUPLICATE_REJECTED: DuplicateRejectedError,
     ErrorCode.STORE_UNAVAILABLE: StoreUnavailableError,
     ErrorCode.OUTCOME_NOT_RECORDED: OutcomeNotRecordedError,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: ResponseNotSerializableError,

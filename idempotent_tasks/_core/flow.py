@@ -28,6 +28,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..typing import Permanent
+from . import policies
 from .answers import refused, replayed
 from .caching import cache_put, cached
 from .commands import Command, RunBody
@@ -106,7 +107,7 @@ def create_command(engine: Engine, call: Call) -> Create:
 
 def claim_scope(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome]:
     """Own the scope (a :class:`Claim`), or the outcome that answers this delivery."""
-    if engine.cache is not None:
+    if engine.cache is not None and not call.options.has_policies:
         replay = yield from cached(engine, call)
         if replay is not None:
             return replay
@@ -123,14 +124,14 @@ def claim_existing(
     engine: Engine,
     call: Call,
     record: StoredRecord | None,
-    decided: Claim | Outcome | _Expired | None = None,
+    decided: Claim | Outcome | _Pending | None = None,
 ) -> Generator[Command, Any, Claim | Outcome]:
     """The scope has a record (the claim answered DUPLICATE): decide (unless the caller
     did: ``decided``), and claim again while it keeps changing under us (bounded)."""
     for _ in range(_MAX_CLAIM_ROUNDS):
         if decided is None:
             decided = decide(engine, call, record)
-        if isinstance(decided, _Expired) or engine.cache is not None or (
+        if isinstance(decided, _Pending) or engine.cache is not None or (
             type(decided) is Outcome and decided.kind == "poisoned"
         ):
             decided = yield from settle(engine, call, record, decided)
@@ -148,19 +149,29 @@ def claim_existing(
     ))
 
 
-class _Expired:
-    """``decide``'s answer when the record's lease expired: I/O decides (``settle``)."""
+class _Pending:
+    """``decide``'s answer when I/O decides (``settle``): the record's lease expired, a
+    policy reopens a settled scope, or a duplicate waits for the running attempt."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-EXPIRED = _Expired()
+EXPIRED = _Pending("expired")
+REOPEN = _Pending("reopen")
+WAIT = _Pending("wait")
 
 
 def decide(
     engine: Engine, call: Call, record: StoredRecord | None
-) -> Claim | Outcome | _Expired | None:
+) -> Claim | Outcome | _Pending | None:
     """The answer for an existing record (step 3) that needs no I/O: a replay or refusal
-    ``Outcome``; ``None`` when it changed meanwhile (claim again); ``EXPIRED`` when its
-    owner crashed (``settle`` takes it over or poisons it)."""
+    ``Outcome``; ``None`` when it changed meanwhile (claim again); a ``_Pending`` when I/O
+    decides (``settle``): ``EXPIRED`` (its owner crashed: take over or poison), ``REOPEN``
+    (a policy starts a new attempt of a settled scope), ``WAIT`` (wait for the running
+    attempt's outcome).  The policies are consulted only off the common paths."""
     if record is None:
         return None
     status = record.status  # a str enum: its value, with no enum property look-up
@@ -172,6 +183,11 @@ def decide(
             "this idempotency key was used with a different payload",
         ))
     if status is Status.SUCCESS:
+        if call.options.has_policies:
+            if policies.reuse_due(engine, call, record):
+                return REOPEN
+            if call.options.on_success == "reject":
+                return policies.rejected(engine, call)
         response, parent = record.response, None
         if response and response[0] == 0:  # a traced execution's envelope (NUL: never JSON)
             response, parent = unwrap(response)
@@ -186,12 +202,21 @@ def decide(
         if parent is not None:
             outcome.replayed_from = parent
         return outcome
+    return _not_succeeded(engine, call, record)
+
+
+def _not_succeeded(engine: Engine, call: Call, record: StoredRecord) -> Outcome | _Pending:
+    """``decide`` for a FAILED or PROCESSING record of the same payload."""
     if record.status is Status.FAILED:
+        if call.options.on_failure == "allow_new_attempt":
+            return REOPEN
         engine.log.warning("duplicate_poisoned", status="FAILED", **call.fields())
         return refused(call, call.error(
             ErrorCode.REQUEST_FAILED, "this scope is poisoned (FAILED)"
         ), result=engine.decode_kept(call, record.response))
     if record.lease_expires_at is not None and record.lease_expires_at > engine.clock():
+        if call.options.on_in_progress == "wait":
+            return WAIT
         engine.log.info("duplicate_in_progress", status="PROCESSING", **call.fields())
         return refused(call, call.error(
             ErrorCode.REQUEST_IN_PROGRESS, "the first delivery is still running"
@@ -201,12 +226,17 @@ def decide(
 
 def settle(
     engine: Engine, call: Call, record: StoredRecord | None,
-    decided: Claim | Outcome | _Expired | None,
+    decided: Claim | Outcome | _Pending | None,
 ) -> Generator[Command, Any, Claim | Outcome | None]:
-    """The I/O a decision needs: take over or poison an expired lease; cache a replay."""
-    if isinstance(decided, _Expired):
+    """The I/O a decision needs: take over or poison an expired lease, reopen a settled
+    scope or wait for a running one (the policies); cache a replay."""
+    if isinstance(decided, _Pending):
         assert record is not None
-        return (yield from _expired_lease(engine, call, record, engine.clock()))
+        if decided is EXPIRED:
+            return (yield from _expired_lease(engine, call, record, engine.clock()))
+        if decided is REOPEN:
+            return (yield from policies.reopen(engine, call, record))
+        return (yield from _waited(engine, call))
     if type(decided) is Outcome and decided.kind == "poisoned":
         # a duplicate of a poisoned scope reports the counter the scope has (a rare path:
         # the one extra read is paid only here)
@@ -262,6 +292,22 @@ def _expired_lease(
         ), retry_count=taken.retry_count)
     engine.log.info("taken_over", status="PROCESSING", retry_count=taken.retry_count, **fields)
     return Claim(taken.token, taken.retry_count)
+
+
+def _waited(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome | None]:
+    """``on_in_progress="wait"``: the running attempt's outcome, once it settles."""
+    engine.log.info("duplicate_waiting", status="PROCESSING", **call.fields())
+    try:
+        settled = yield from policies.wait_for_settled(engine, call)
+    except IdempotencyError as err:
+        return refused(call, err)
+    if settled is policies.STILL_RUNNING:
+        engine.log.info("duplicate_in_progress", status="PROCESSING", waited=True, **call.fields())
+        return refused(call, call.error(
+            ErrorCode.REQUEST_IN_PROGRESS, "the first delivery is still running"
+        ))
+    assert settled is None or isinstance(settled, StoredRecord)
+    return (yield from decide_io(engine, call, settled))
 
 
 def _reread(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome | None]:

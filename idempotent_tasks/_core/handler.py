@@ -19,13 +19,23 @@ import warnings
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from ..typing import OnStuck, Options, Permanent, Seconds
+from ..typing import (
+    DEFAULT_WAIT_TIMEOUT,
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Options,
+    Permanent,
+    Seconds,
+)
 from . import tracing
 from .admin import Maintenance
 from .batch import Mode, execute_many
-from .calls import batch_entry, build_flow, transactional_refusal
+from .calls import batch_entry, build_flow, call_policies, transactional_refusal
 from .commands import Command
-from .drivers import drive, drive_async
+from .deprecated import DEPRECATED as _DEPRECATED
+from .drivers import drive, drive_async, driven, driven_async
 from .engine import (
     DEFAULT_LEASE_TIMEOUT,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -42,6 +52,7 @@ from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS
 from .outcome import Outcome
 from .serialization import Serializer
 from .tracing import API as _OTEL
+from .waiting import DEFAULT_MAX_WAITERS
 
 T = TypeVar("T")
 Flow = Generator[Command, Any, Outcome]
@@ -78,6 +89,12 @@ class IdempotencyHandler(Maintenance):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         outcome_retry_timeout: Seconds = DEFAULT_OUTCOME_RETRY_TIMEOUT,
         async_executor_threads: int = DEFAULT_ASYNC_EXECUTOR_THREADS,
+        on_in_progress: OnInProgress = "retry",
+        wait_timeout: Seconds = DEFAULT_WAIT_TIMEOUT,
+        on_success: OnSuccess = "replay",
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure = "reject",
+        max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
         self._engine = Engine(
             store, cache, ttl=ttl, lease_timeout=lease_timeout,
@@ -85,7 +102,9 @@ class IdempotencyHandler(Maintenance):
             logger=logger, metrics=metrics, clock=clock, serializer=serializer,
             max_payload_bytes=max_payload_bytes, max_response_bytes=max_response_bytes,
             outcome_retry_timeout=outcome_retry_timeout,
-            async_executor_threads=async_executor_threads,
+            async_executor_threads=async_executor_threads, max_waiters=max_waiters,
+            on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
+            reuse_after=reuse_after, on_failure=on_failure,
         )
 
     # ------------------------------------------------------------------ documented attributes
@@ -130,12 +149,18 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> Options:
         """Per-operation defaults (a task's or actor's options): call site > these > the
         handler's."""
         self._engine.register_operation(
             operation, ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries,
-            on_stuck=on_stuck,
+            on_stuck=on_stuck, on_in_progress=on_in_progress, wait_timeout=wait_timeout,
+            on_success=on_success, reuse_after=reuse_after, on_failure=on_failure,
         )
         return self._engine.options_for(operation)
 
@@ -174,17 +199,25 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> Outcome:
         """Run ``fn()`` (``fn(conn)`` with ``transactional=True``) at most once per scope;
         the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
         flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else drive(self._engine, flow)
-        return tracing.run(tracer, operation, _driven, self._engine, flow)
+        return tracing.run(tracer, operation, driven, self._engine, flow)
 
     async def run_async(
         self,
@@ -201,6 +234,11 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> Outcome:
         """``run`` for a coroutine function: ``afn`` is awaited on the running loop; store
         calls are awaited on an async store (no thread hop) and run on the handler's bounded
@@ -209,11 +247,14 @@ class IdempotencyHandler(Maintenance):
         flow = build_flow(self._engine,
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else await drive_async(self._engine, flow)
-        return await tracing.run_async(tracer, operation, _driven_async, self._engine, flow)
+        return await tracing.run_async(tracer, operation, driven_async, self._engine, flow)
 
     def run_many(
         self,
@@ -288,18 +329,26 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> T:
         """Run ``fn`` at most once per scope; replay, refuse or wait otherwise.  Raises the
         ``IdempotencyError`` of a refusal, or the body's own exception."""
         flow = build_flow(self._engine,
             fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
+            None if on_in_progress is None and wait_timeout is None and on_success is None
+            and reuse_after is None and on_failure is None  # inline: runs on every delivery
+            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             outcome = flow if isinstance(flow, Outcome) else drive(self._engine, flow)
         else:
-            outcome = tracing.run(tracer, operation, _driven, self._engine, flow)
+            outcome = tracing.run(tracer, operation, driven, self._engine, flow)
         result: T = outcome.unwrap()
         return result
 
@@ -317,12 +366,19 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> T:
         """``execute`` for coroutines (``run_async(...).unwrap()``)."""
         outcome = await self.run_async(
             afn, operation=operation, tenant=tenant, key=key, payload=payload,
             permanent=permanent, require_key=require_key, ttl=ttl, lease_timeout=lease_timeout,
-            max_retries=max_retries, on_stuck=on_stuck,
+            max_retries=max_retries, on_stuck=on_stuck, on_in_progress=on_in_progress,
+            wait_timeout=wait_timeout, on_success=on_success, reuse_after=reuse_after,
+            on_failure=on_failure,
         )
         result: T = outcome.unwrap()
         return result
@@ -341,37 +397,21 @@ class IdempotencyHandler(Maintenance):
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> T:
         """Run ``fn(conn)`` in one transaction that also commits SUCCESS (SQL stores)."""
         result: T = self.run(
             fn, operation=operation, tenant=tenant, key=key, payload=payload,
             permanent=permanent, transactional=True, require_key=require_key, ttl=ttl,
             lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+            on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
+            reuse_after=reuse_after, on_failure=on_failure,
         ).unwrap()
         return result
-
-
-#: Engine steps and internals that were public attributes of the handler before 0.2: each
-#: still answers, with a DeprecationWarning that says what to use instead.
-_DEPRECATED: dict[str, str] = {
-    **dict.fromkeys(
-        ("prepare", "hash_payload", "encode_response", "decode", "decode_kept", "to_record",
-         "expired", "debug", "lease_lost", "unkeyed", "read_count", "read_count_async",
-         "read_count_from", "scope", "io", "cache", "cache_mode", "offloader", "heartbeat",
-         "serializer", "outcome_retry_timeout"),
-        "use run/run_async/execute and Outcome instead",
-    ),
-    "log": "use handler.logger",
-    "store": "keep your own reference to the store you passed in",
-}
-
-
-def _driven(engine: Engine, flow: Flow | Outcome) -> Outcome:
-    return flow if isinstance(flow, Outcome) else drive(engine, flow)
-
-
-async def _driven_async(engine: Engine, flow: Flow | Outcome) -> Outcome:
-    return flow if isinstance(flow, Outcome) else await drive_async(engine, flow)
 
 
 __all__ = ["IdempotencyHandler"]
