@@ -18,6 +18,7 @@ from ._core.errors import (
     InvalidInputError,
     KeyReusedError,
     OutcomeNotRecordedError,
+    OutcomeUncertainError,
     RecordNotFoundError,
     RequestFailedError,
     RequestInProgressError,
@@ -29,6 +30,7 @@ from ._core.handler import IdempotencyHandler
 from ._core.logging import create_logger_adapter
 from ._core.metrics import Metrics, NoMetrics, PrometheusMetrics
 from ._core.outcome import Outcome, OutcomeKind
+from ._core.reconcile import Reconciled
 from ._core.records import IdempotencyContext, Record, Status
 from ._core.runner import MaintenanceRunner, MaintenanceSchedule
 from ._core.serialization import JSONSerializer, Serializer
@@ -96,8 +98,10 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeNotRecordedError",
+    "OutcomeUncertainError",
     "Poison",
     "PrometheusMetrics",
+    "Reconciled",
     "Record",
     "RecordNotFoundError",
     "RedisCache",

@@ -16,13 +16,16 @@ Seconds = float | dt.timedelta
 #: What poisons a scope: a tuple of exception types, or a predicate ``exc -> bool``.
 Permanent = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 #: What a crashed attempt (expired lease) leads to: count a retry and run again, or poison.
-OnStuck = Literal["retry", "fail"]
+OnStuck = Literal["retry", "fail", "reconcile"]
 #: What a duplicate that finds the scope running does: come back later, or wait for its outcome.
 OnInProgress = Literal["retry", "wait"]
 #: What a duplicate of a succeeded scope gets: the stored result, or a refusal.
 OnSuccess = Literal["replay", "reject"]
 #: What a delivery of a poisoned scope gets: the refusal, or a new attempt.
 OnFailure = Literal["reject", "allow_new_attempt"]
+#: ``on_stuck="reconcile"``: ``reconcile(ctx) -> Reconciled``, or a coroutine function for
+#: async bodies (``idempotent_tasks.Reconciled``).
+Reconcile = Callable[..., Any]
 
 DEFAULT_WAIT_TIMEOUT = 10.0
 
@@ -48,6 +51,8 @@ class Options:
     on_success: OnSuccess = "replay"
     reuse_after: float | None = None
     on_failure: OnFailure = "reject"
+    #: ``on_stuck="reconcile"``: ``reconcile(ctx) -> Reconciled`` (or a coroutine function).
+    reconcile: Reconcile | None = None
     #: True when a policy differs from the defaults (computed; a replay checks one flag).
     has_policies: bool = field(init=False, repr=False, compare=False, default=False)
 
@@ -62,7 +67,7 @@ class Options:
     ) -> Options:
         """These options with the given ones replacing theirs (``None``: keep).
         ``policies``: ``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
-        ``on_failure``."""
+        ``on_failure``, ``reconcile``."""
         changes: dict[str, Any] = {
             name: value for name, value in policies.items() if value is not None
         }
@@ -100,8 +105,10 @@ class Options:
             raise ConfigurationError("max_retries must be an integer")
         if self.max_retries < 1:
             raise ConfigurationError("max_retries must be at least 1")
-        if self.on_stuck not in ("retry", "fail"):
-            raise ConfigurationError("on_stuck must be 'retry' or 'fail'")
+        if self.on_stuck not in ("retry", "fail", "reconcile"):
+            raise ConfigurationError("on_stuck must be 'retry', 'fail' or 'reconcile'")
+        if self.on_stuck == "reconcile" and not callable(self.reconcile):
+            raise ConfigurationError("on_stuck='reconcile' needs reconcile=fn(ctx) -> Reconciled")
         self._validate_policies()
 
     def _validate_policies(self) -> None:
@@ -120,11 +127,11 @@ class Options:
 #: The names ``Options.merged`` accepts.
 _FIELDS = frozenset(
     ("ttl", "lease_timeout", "max_retries", "on_stuck", "on_in_progress", "wait_timeout",
-     "on_success", "reuse_after", "on_failure")
+     "on_success", "reuse_after", "on_failure", "reconcile")
 )
 
 
 __all__ = [
     "DEFAULT_WAIT_TIMEOUT", "OnFailure", "OnInProgress", "OnStuck", "OnSuccess", "Options",
-    "Permanent", "Seconds", "seconds",
+    "Permanent", "Reconcile", "Seconds", "seconds",
 ]

@@ -185,7 +185,8 @@ def test_no_package_imports_another_packages_private_modules() -> None:
 def test_the_core_imports_no_concrete_store_cache_or_outbox() -> None:
     """The engine knows stores and caches by their Protocols only."""
     allowed = {"idempotent_tasks.stores", "idempotent_tasks.stores.base",
-               "idempotent_tasks.stores.reopen",  # the optional primitive's Protocols
+               "idempotent_tasks.stores.reopen",  # the optional primitives' Protocols
+               "idempotent_tasks.stores.effects",
                "idempotent_tasks.caches", "idempotent_tasks.caches.base"}
     modules = _modules()
     offending = []
@@ -220,7 +221,7 @@ HANDLER_SURFACE = {
     "run", "run_async", "run_many", "run_many_async",
     "execute", "execute_async", "execute_in_transaction",
     "get_record", "get_record_async", "retry_count", "retry_count_async",
-    "unpoison", "unpoison_async", "recover_stuck_records", "recover_stuck_records_async",
+    "unpoison", "unpoison_async", "resolve", "resolve_async", "recover_stuck_records", "recover_stuck_records_async",
     "cleanup_expired_records", "cleanup_expired_records_async",
     "find_stuck_records", "find_stuck_records_async", "list_records", "list_records_async",
     "record_counts", "record_counts_async", "create_schema", "create_schema_async",

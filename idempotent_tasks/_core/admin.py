@@ -28,6 +28,7 @@ from collections.abc import Generator, Mapping
 from typing import Any, TypeVar
 
 from ..stores.base import TransactionalStore
+from ..stores.effects import Resolution
 from ..typing import Seconds, seconds
 from . import maintenance
 from . import store_calls as sc
@@ -103,6 +104,26 @@ class Maintenance:
     ) -> Record:
         scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
         return await drive_async(self._engine, maintenance.unpoison(self._engine, scope, actor))
+
+    def resolve(
+        self, *, operation: str, tenant: str, key: str, done: Any = maintenance.UNSET,
+        retry: bool = False, fail: bool = False, by: str,
+    ) -> Record | None:
+        """Settle an UNCERTAIN scope (audited, ``by`` names who): ``done=<result>`` records
+        SUCCESS with that result, ``retry=True`` releases it (the next delivery runs),
+        ``fail=True`` poisons it.  The record after it (``None`` after ``retry``);
+        RECORD_NOT_FOUND when the scope is not UNCERTAIN."""
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        flow = maintenance.resolve(self._engine, scope, _resolution(done, retry, fail), done, by)
+        return self._blocking(flow, "resolve_async")
+
+    async def resolve_async(
+        self, *, operation: str, tenant: str, key: str, done: Any = maintenance.UNSET,
+        retry: bool = False, fail: bool = False, by: str,
+    ) -> Record | None:
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        flow = maintenance.resolve(self._engine, scope, _resolution(done, retry, fail), done, by)
+        return await drive_async(self._engine, flow)
 
     # ------------------------------------------------------------------ operators
     def list_records(
@@ -201,6 +222,19 @@ class Maintenance:
 
 def _one(command: sc.StoreCall) -> Flow[Any]:
     return (yield command)
+
+
+def _resolution(done: Any, retry: bool, fail: bool) -> Resolution:
+    """The one resolution ``resolve`` was given (exactly one of them)."""
+    chosen = [name for name, given in (
+        ("done", done is not maintenance.UNSET), ("retry", retry), ("fail", fail)
+    ) if given]
+    if len(chosen) != 1:
+        raise ConfigurationError(
+            "resolve needs exactly one of done=<result>, retry=True, fail=True"
+        )
+    resolution: Resolution = chosen[0]  # type: ignore[assignment]
+    return resolution
 
 
 def _opt_seconds(value: Seconds | None) -> float | None:

@@ -8,7 +8,15 @@ from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from ..stores.base import TransactionalStore
-from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
+from ..typing import (
+    OnFailure,
+    OnInProgress,
+    OnStuck,
+    OnSuccess,
+    Permanent,
+    Reconcile,
+    Seconds,
+)
 from .batch import Entry
 from .commands import Command
 from .engine import Engine
@@ -106,18 +114,22 @@ def call_policies(
     on_success: OnSuccess | None,
     reuse_after: Seconds | None,
     on_failure: OnFailure | None,
+    reconcile: Reconcile | None = None,
 ) -> dict[str, Any] | None:
     """The call site's policies, or ``None`` when it names none (the common case)."""
     if (
         on_in_progress is None and wait_timeout is None and on_success is None
-        and reuse_after is None and on_failure is None
+        and reuse_after is None and on_failure is None and reconcile is None
     ):
         return None
     return {"on_in_progress": on_in_progress, "wait_timeout": wait_timeout,
-            "on_success": on_success, "reuse_after": reuse_after, "on_failure": on_failure}
+            "on_success": on_success, "reuse_after": reuse_after, "on_failure": on_failure,
+            "reconcile": reconcile}
 
 
-_POLICY_NAMES = ("on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure")
+_POLICY_NAMES = (
+    "on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure", "reconcile",
+)
 
 
 def _batch_policies(item: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -161,7 +161,7 @@ class RunBody(Command):
         context = self.context
         if context is None:
             return await self.fn(*self.args)
-        if type(context) is LazyCountContext:
+        if isinstance(context, LazyCountContext):
             context.bind_loop(asyncio.get_running_loop())
         reset = CURRENT_CONTEXT.set(context)
         heartbeat, ident = engine.heartbeat, None

@@ -26,6 +26,7 @@ class ErrorCode(enum.StrEnum):
     REQUEST_IN_PROGRESS = "REQUEST_IN_PROGRESS"
     REQUEST_FAILED = "REQUEST_FAILED"
     DUPLICATE_REJECTED = "DUPLICATE_REJECTED"
+    OUTCOME_UNCERTAIN = "OUTCOME_UNCERTAIN"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     OUTCOME_NOT_RECORDED = "OUTCOME_NOT_RECORDED"
     RESPONSE_NOT_SERIALIZABLE = "RESPONSE_NOT_SERIALIZABLE"
@@ -44,6 +45,7 @@ DEFAULT_STATUS: Mapping[ErrorCode, int] = {
     ErrorCode.REQUEST_IN_PROGRESS: 409,
     ErrorCode.REQUEST_FAILED: 409,
     ErrorCode.DUPLICATE_REJECTED: 409,
+    ErrorCode.OUTCOME_UNCERTAIN: 409,
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.OUTCOME_NOT_RECORDED: 503,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: 500,
@@ -136,6 +138,13 @@ class DuplicateRejectedError(ConflictError):
     default_code = ErrorCode.DUPLICATE_REJECTED
 
 
+class OutcomeUncertainError(ConflictError):
+    """A crashed attempt's effects could not be reconciled: the scope is UNCERTAIN until an
+    operator resolves it (``handler.resolve``); nothing runs it again meanwhile."""
+
+    default_code = ErrorCode.OUTCOME_UNCERTAIN
+
+
 class StoreUnavailableError(IdempotencyError):
     """The store could not be reached or answered with an error; the body did not run."""
 
@@ -168,6 +177,7 @@ ERROR_CLASSES: Mapping[ErrorCode, type[IdempotencyError]] = {
     ErrorCode.REQUEST_IN_PROGRESS: RequestInProgressError,
     ErrorCode.REQUEST_FAILED: RequestFailedError,
     ErrorCode.DUPLICATE_REJECTED: DuplicateRejectedError,
+    ErrorCode.OUTCOME_UNCERTAIN: OutcomeUncertainError,
     ErrorCode.STORE_UNAVAILABLE: StoreUnavailableError,
     ErrorCode.OUTCOME_NOT_RECORDED: OutcomeNotRecordedError,
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: ResponseNotSerializableError,

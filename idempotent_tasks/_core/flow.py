@@ -36,9 +36,11 @@ from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError
 from .heartbeat import Lease
 from .outcome import Outcome, OutcomeKind
+from .reconcile import reconcile_takeover
 from .recording import body_failed, complete, is_permanent, write_outcome
-from .records import CreateOutcome, IdempotencyContext, LazyCountContext, Status, StoredRecord
+from .records import CreateOutcome, IdempotencyContext, Status, StoredRecord
 from .serialization import SerializationError
+from .steps import BodyContext
 from .store_calls import Create, Get, GetRetryCount, MarkFailed, TakeOverCall
 from .tracing import unwrap
 
@@ -207,6 +209,14 @@ def decide(
 
 def _not_succeeded(engine: Engine, call: Call, record: StoredRecord) -> Outcome | _Pending:
     """``decide`` for a FAILED or PROCESSING record of the same payload."""
+    if record.status is Status.UNCERTAIN:
+        engine.log.warning("duplicate_uncertain", status="UNCERTAIN", **call.fields())
+        detail = (record.response or b"").decode("utf-8", "replace")
+        return refused(call, call.error(
+            ErrorCode.OUTCOME_UNCERTAIN,
+            "the outcome of a crashed attempt is uncertain until an operator resolves it"
+            + (f": {detail}" if detail else ""),
+        ))
     if record.status is Status.FAILED:
         if call.options.on_failure == "allow_new_attempt":
             return REOPEN
@@ -262,6 +272,12 @@ def _expired_lease(
 ) -> Generator[Command, Any, Claim | Outcome | None]:
     """The owner crashed (no heartbeat within its lease): poison, or take over and count."""
     scope, opts, fields = call.scope, call.options, call.fields()
+    if opts.on_stuck == "reconcile" and not hasattr(engine.store, "mark_uncertain"):
+        return refused(call, call.error(
+            ErrorCode.CONFIGURATION_ERROR,
+            f"{type(engine.store).__name__} cannot mark a scope UNCERTAIN: "
+            "on_stuck='reconcile' needs a store with mark_uncertain",
+        ))
     try:
         if opts.on_stuck == "fail":
             poisoned = yield MarkFailed(scope, record.fencing_token, now, now + opts.ttl,
@@ -291,7 +307,11 @@ def _expired_lease(
             ErrorCode.REQUEST_FAILED, "retries exhausted by crashed attempts"
         ), retry_count=taken.retry_count)
     engine.log.info("taken_over", status="PROCESSING", retry_count=taken.retry_count, **fields)
-    return Claim(taken.token, taken.retry_count)
+    claim = Claim(taken.token, taken.retry_count)
+    if opts.on_stuck == "reconcile":
+        ctx = body_context(engine, call, claim)
+        return (yield from reconcile_takeover(engine, call, claim, ctx))
+    return claim
 
 
 def _waited(engine: Engine, call: Call) -> Generator[Command, Any, Claim | Outcome | None]:
@@ -343,9 +363,10 @@ def body_context(engine: Engine, call: Call, claim: Claim) -> IdempotencyContext
     only if someone asks for it (it costs a round trip; on an event loop it is awaited, see
     :class:`~.records.LazyCountContext`)."""
     scope = call.scope
-    return LazyCountContext(
+    return BodyContext(
         scope.tenant, scope.operation, scope.key, call.request_hash, "executing",
         claim.retry_count, claim.token, reader=None if claim.counted else engine, scope=scope,
+        engine=engine,
     )
 
 

@@ -27,10 +27,12 @@ from ..typing import (
     OnSuccess,
     Options,
     Permanent,
+    Reconcile,
     Seconds,
 )
 from . import tracing
 from .admin import Maintenance
+from .attributes import Attributes
 from .batch import Mode, execute_many
 from .calls import batch_entry, build_flow, call_policies, transactional_refusal
 from .commands import Command
@@ -58,7 +60,7 @@ T = TypeVar("T")
 Flow = Generator[Command, Any, Outcome]
 
 
-class IdempotencyHandler(Maintenance):
+class IdempotencyHandler(Maintenance, Attributes):
     """Runs bodies at most once per scope (see docs/guarantees.md for the algorithm).
 
     The handler composes its parts: an :class:`~.engine.Engine` (the settings, the pure
@@ -94,6 +96,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess = "replay",
         reuse_after: Seconds | None = None,
         on_failure: OnFailure = "reject",
+        reconcile: Reconcile | None = None,
         max_waiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
         self._engine = Engine(
@@ -104,42 +107,8 @@ class IdempotencyHandler(Maintenance):
             outcome_retry_timeout=outcome_retry_timeout,
             async_executor_threads=async_executor_threads, max_waiters=max_waiters,
             on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
-            reuse_after=reuse_after, on_failure=on_failure,
+            reuse_after=reuse_after, on_failure=on_failure, reconcile=reconcile,
         )
-
-    # ------------------------------------------------------------------ documented attributes
-    @property
-    def logger(self) -> Logger:
-        """The structlog-style logger every decision is logged with."""
-        return self._engine.log
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The clock every stored timestamp comes from (epoch seconds)."""
-        return self._engine.clock
-
-    @property
-    def metrics(self) -> Metrics:
-        """The metrics sink (``NoMetrics`` when disabled)."""
-        return self._engine.metrics
-
-    @property
-    def defaults(self) -> Options:
-        """The handler's default per-operation options (``ttl``, ``lease_timeout``, …)."""
-        return self._engine.defaults
-
-    @property
-    def heartbeat_interval(self) -> float | None:
-        """Seconds between lease renewals while a body runs; ``None``: no heartbeat."""
-        return self._engine.heartbeat_interval
-
-    @property
-    def max_payload_bytes(self) -> int:
-        return self._engine.max_payload_bytes
-
-    @property
-    def max_response_bytes(self) -> int:
-        return self._engine.max_response_bytes
 
     def register_operation(
         self,
@@ -154,6 +123,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> Options:
         """Per-operation defaults (a task's or actor's options): call site > these > the
         handler's."""
@@ -161,6 +131,7 @@ class IdempotencyHandler(Maintenance):
             operation, ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries,
             on_stuck=on_stuck, on_in_progress=on_in_progress, wait_timeout=wait_timeout,
             on_success=on_success, reuse_after=reuse_after, on_failure=on_failure,
+            reconcile=reconcile,
         )
         return self._engine.options_for(operation)
 
@@ -204,6 +175,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> Outcome:
         """Run ``fn()`` (``fn(conn)`` with ``transactional=True``) at most once per scope;
         the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
@@ -211,8 +183,10 @@ class IdempotencyHandler(Maintenance):
             fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
             None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None  # inline: runs on every delivery
-            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            and reuse_after is None and on_failure is None and reconcile is None  # inline
+            else call_policies(
+                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
+            ),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
@@ -239,6 +213,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> Outcome:
         """``run`` for a coroutine function: ``afn`` is awaited on the running loop; store
         calls are awaited on an async store (no thread hop) and run on the handler's bounded
@@ -248,8 +223,10 @@ class IdempotencyHandler(Maintenance):
             afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
             lease_timeout, max_retries, on_stuck, True,
             None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None  # inline: runs on every delivery
-            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            and reuse_after is None and on_failure is None and reconcile is None  # inline
+            else call_policies(
+                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
+            ),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
@@ -334,6 +311,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> T:
         """Run ``fn`` at most once per scope; replay, refuse or wait otherwise.  Raises the
         ``IdempotencyError`` of a refusal, or the body's own exception."""
@@ -341,8 +319,10 @@ class IdempotencyHandler(Maintenance):
             fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
             lease_timeout, max_retries, on_stuck, False,
             None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None  # inline: runs on every delivery
-            else call_policies(on_in_progress, wait_timeout, on_success, reuse_after, on_failure),
+            and reuse_after is None and on_failure is None and reconcile is None  # inline
+            else call_policies(
+                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
+            ),
         )
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
@@ -371,6 +351,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> T:
         """``execute`` for coroutines (``run_async(...).unwrap()``)."""
         outcome = await self.run_async(
@@ -378,7 +359,7 @@ class IdempotencyHandler(Maintenance):
             permanent=permanent, require_key=require_key, ttl=ttl, lease_timeout=lease_timeout,
             max_retries=max_retries, on_stuck=on_stuck, on_in_progress=on_in_progress,
             wait_timeout=wait_timeout, on_success=on_success, reuse_after=reuse_after,
-            on_failure=on_failure,
+            on_failure=on_failure, reconcile=reconcile,
         )
         result: T = outcome.unwrap()
         return result
@@ -402,6 +383,7 @@ class IdempotencyHandler(Maintenance):
         on_success: OnSuccess | None = None,
         reuse_after: Seconds | None = None,
         on_failure: OnFailure | None = None,
+        reconcile: Reconcile | None = None,
     ) -> T:
         """Run ``fn(conn)`` in one transaction that also commits SUCCESS (SQL stores)."""
         result: T = self.run(
@@ -409,7 +391,7 @@ class IdempotencyHandler(Maintenance):
             permanent=permanent, transactional=True, require_key=require_key, ttl=ttl,
             lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
             on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
-            reuse_after=reuse_after, on_failure=on_failure,
+            reuse_after=reuse_after, on_failure=on_failure, reconcile=reconcile,
         ).unwrap()
         return result
 

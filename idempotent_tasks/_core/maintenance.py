@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from ..stores.effects import Resolution
 from .commands import Command
-from .engine import Engine
-from .errors import ErrorCode, make_error
+from .engine import Call, Engine
+from .errors import ConfigurationError, ErrorCode, make_error
 from .records import Record, Scope, Status, StoredRecord
 from .store_calls import (
     DeleteExpired,
@@ -24,6 +25,7 @@ from .store_calls import (
     MarkFailed,
     RecordFailure,
     ResetRetryCount,
+    ResolveUncertain,
 )
 
 Step = Generator[Command, Any, Any]
@@ -108,4 +110,40 @@ def unpoison(engine: Engine, scope: Scope, actor: str) -> Generator[Command, Any
     return old
 
 
-__all__ = ["cleanup", "get_record", "recover", "unpoison"]
+#: ``resolve(done=...)``'s default: no result given (``None`` is a result).
+UNSET: Any = object()
+
+
+def resolve(
+    engine: Engine, scope: Scope, resolution: Resolution, result: Any, by: str
+) -> Generator[Command, Any, Record | None]:
+    """Settle an UNCERTAIN record (audited): ``done`` → SUCCESS with ``result``, ``fail`` →
+    FAILED, ``retry`` → released (the next delivery runs as a new attempt, replaying the
+    recorded steps).  The record after it (``None`` for ``retry``); RECORD_NOT_FOUND when
+    the scope has no UNCERTAIN record."""
+    if not hasattr(engine.store, "resolve_uncertain"):
+        raise ConfigurationError(f"{type(engine.store).__name__} has no UNCERTAIN records")
+    record = yield Get(scope)
+    opts, now = engine.options_for(scope.operation), engine.clock()
+    response = None
+    if resolution == "done":
+        response = engine.encode_response(Call(scope, "", opts), result)
+    changed = record is not None and record.status is Status.UNCERTAIN and (
+        yield ResolveUncertain(scope, resolution, now, response, now + opts.ttl)
+    )
+    if not changed:
+        raise make_error(
+            ErrorCode.RECORD_NOT_FOUND, "no UNCERTAIN record for this scope",
+            tenant=scope.tenant, operation=scope.operation, key=scope.key,
+        )
+    assert record is not None
+    engine.log.warning(
+        "uncertain_resolved", by=by, resolution=resolution, tenant=scope.tenant,
+        operation=scope.operation, key=scope.key, status="UNCERTAIN",
+        old_fencing_token=record.fencing_token,
+        old_detail=(record.response or b"").decode("utf-8", "replace"),
+    )
+    return (yield from get_record(engine, scope))
+
+
+__all__ = ["UNSET", "cleanup", "get_record", "recover", "resolve", "unpoison"]

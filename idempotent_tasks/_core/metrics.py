@@ -63,6 +63,9 @@ class NoMetrics:
     def lease_lost(self, operation: str) -> None:
         pass
 
+    def uncertain(self, operation: str) -> None:
+        pass
+
     def store_latency(self, store: str, call: str, seconds: float) -> None:
         pass
 
@@ -110,6 +113,11 @@ def _build_collectors(registry: Any) -> dict[str, Any]:
         "lease_lost": counter(
             "idempotency_lease_lost_total",
             "Owners whose outcome write was refused because their lease was taken over.",
+            ("operation",),
+        ),
+        "uncertain": counter(
+            "idempotency_uncertain_total",
+            "Scopes marked UNCERTAIN by reconciliation (an operator must resolve them).",
             ("operation",),
         ),
         "store_seconds": Histogram(
@@ -176,6 +184,10 @@ class PrometheusMetrics:
 
     def lease_lost(self, operation: str) -> None:
         self._c["lease_lost"].labels(operation).inc()
+
+    def uncertain(self, operation: str) -> None:
+        """A scope marked UNCERTAIN (optional on a custom ``Metrics``: looked up by name)."""
+        self._c["uncertain"].labels(operation).inc()
 
     def store_latency(self, store: str, call: str, seconds: float) -> None:
         child = self._latency_children.get((store, call))

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
+
+from .errors import ConfigurationError
+from .keys import derive_key
 
 
 class Status(enum.StrEnum):
     PROCESSING = "PROCESSING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
+    #: A crashed attempt whose effects could not be reconciled: no automatic re-run, an
+    #: operator resolves it (``handler.resolve``).
+    UNCERTAIN = "UNCERTAIN"
 
 
 class Scope(NamedTuple):
@@ -123,6 +130,23 @@ class IdempotencyContext:
         (a lazily read counter is awaited; see :class:`LazyCountContext`)."""
         return self.retry_count
 
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per (scope, ``name``): a later attempt of the
+        same scope gets the recorded result without calling ``fn`` (docs/guarantees.md,
+        "Effects outside the database").  Only inside a keyed body the handler runs."""
+        raise ConfigurationError("steps need a keyed body run by the handler")
+
+    async def step_async(
+        self, name: str, afn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """``step`` for a coroutine function ``afn``, awaited (store calls awaited too)."""
+        raise ConfigurationError("steps need a keyed body run by the handler")
+
+    def derived_key(self, name: str) -> str:
+        """A key for a downstream call, stable per (tenant, operation, key, ``name``): the
+        same on every attempt of the scope, never equal for two different inputs."""
+        return derive_key(self.tenant or "", self.operation, self.key or "", "derived", name)
+
 
 class CountReader(Protocol):
     """Where a :class:`LazyCountContext` reads its counter from (the engine)."""
@@ -150,7 +174,7 @@ class LazyCountContext(IdempotencyContext):
     attribute still works (it waits for the read).
     """
 
-    __slots__ = ("_loop", "_reader", "_scope")
+    __slots__ = ("_engine", "_loop", "_reader", "_scope")
 
     def __init__(
         self,
@@ -164,6 +188,7 @@ class LazyCountContext(IdempotencyContext):
         *,
         reader: CountReader | None = None,
         scope: Scope | None = None,
+        engine: Any = None,
     ) -> None:
         # The fields set directly (no dataclass __init__, no property setter): one of these is
         # built for every body that runs.
@@ -177,6 +202,7 @@ class LazyCountContext(IdempotencyContext):
         self._reader = reader
         self._scope = scope
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine = engine  # what a subclass's steps record through (``.steps``)
 
     @property
     def retry_count(self) -> int:

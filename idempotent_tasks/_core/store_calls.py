@@ -19,6 +19,13 @@ from .records import Scope, Status
 
 if TYPE_CHECKING:
     from ..stores.base import AsyncStore, ClaimRequest, Store, SuccessWrite
+    from ..stores.effects import (
+        AsyncStepStore,
+        AsyncUncertainStore,
+        Resolution,
+        StepStore,
+        UncertainStore,
+    )
     from ..stores.reopen import AsyncReopenStore, ReopenStore
 
     AnyStore: TypeAlias = Store | AsyncStore
@@ -97,6 +104,60 @@ class Reopen(StoreCall):
         return reopenable.reopen(
             self.scope, expected_token=self.expected_token, now=self.now,
             lease_expires_at=self.lease_expires_at,
+        )
+
+
+# -- effects outside the database (stores.effects; checked before they are used) ------------
+@dataclass(slots=True)
+class SaveSteps(StoreCall):
+    name: ClassVar[str] = "save_steps"
+    scope: Scope
+    token: int
+    steps: bytes
+    now: float
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("StepStore | AsyncStepStore", store).save_steps(
+            self.scope, token=self.token, steps=self.steps, now=self.now
+        )
+
+
+@dataclass(slots=True)
+class LoadSteps(StoreCall):
+    name: ClassVar[str] = "load_steps"
+    scope: Scope
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("StepStore | AsyncStepStore", store).load_steps(self.scope)
+
+
+@dataclass(slots=True)
+class MarkUncertain(StoreCall):
+    name: ClassVar[str] = "mark_uncertain"
+    scope: Scope
+    token: int
+    now: float
+    detail: bytes | None
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("UncertainStore | AsyncUncertainStore", store).mark_uncertain(
+            self.scope, token=self.token, now=self.now, detail=self.detail
+        )
+
+
+@dataclass(slots=True)
+class ResolveUncertain(StoreCall):
+    name: ClassVar[str] = "resolve_uncertain"
+    scope: Scope
+    resolution: Resolution
+    now: float
+    response: bytes | None = None
+    expires_at: float | None = None
+
+    def invoke(self, store: AnyStore) -> Any:
+        return cast("UncertainStore | AsyncUncertainStore", store).resolve_uncertain(
+            self.scope, resolution=self.resolution, now=self.now, response=self.response,
+            expires_at=self.expires_at,
         )
 
 
@@ -302,8 +363,30 @@ class CreateSchema(StoreCall):
 
 
 __all__ = [
-    "AcquireLock", "Create", "CreateMany", "CreateSchema", "DeleteExpired", "DeleteRecord",
-    "FindStuck", "Get", "GetRetryCount", "Heartbeat", "ListRecords", "MarkFailed",
-    "MarkSuccess", "MarkSuccessMany", "RecordFailure", "Release", "ReleaseLock", "Reopen",
-    "ResetRetryCount", "Stats", "StoreCall", "TakeOverCall",
+    "AcquireLock",
+    "Create",
+    "CreateMany",
+    "CreateSchema",
+    "DeleteExpired",
+    "DeleteRecord",
+    "FindStuck",
+    "Get",
+    "GetRetryCount",
+    "Heartbeat",
+    "ListRecords",
+    "LoadSteps",
+    "MarkFailed",
+    "MarkSuccess",
+    "MarkSuccessMany",
+    "MarkUncertain",
+    "RecordFailure",
+    "Release",
+    "ReleaseLock",
+    "Reopen",
+    "ResetRetryCount",
+    "ResolveUncertain",
+    "SaveSteps",
+    "Stats",
+    "StoreCall",
+    "TakeOverCall",
 ]

@@ -22,8 +22,11 @@ from ._demo import demo
 from ._maintenance import cleanup, migrate, recover
 from ._outbox import outbox, relay
 from ._records import inspect, list_, stats, unpoison
+from ._resolve import resolve
 
-for _command in (migrate, recover, cleanup, inspect, list_, stats, unpoison, demo, relay, outbox):
+for _command in (
+    migrate, recover, cleanup, inspect, list_, stats, unpoison, resolve, demo, relay, outbox
+):
     cli.add_command(_command)
 cli.add_command(dashboard)
 

@@ -49,6 +49,7 @@ TITLES: Mapping[ErrorCode, str] = {
     ErrorCode.REQUEST_IN_PROGRESS: "A request with this Idempotency-Key is in progress",
     ErrorCode.REQUEST_FAILED: "The request with this Idempotency-Key failed",
     ErrorCode.DUPLICATE_REJECTED: "A request with this Idempotency-Key already succeeded",
+    ErrorCode.OUTCOME_UNCERTAIN: "The outcome of this Idempotency-Key is uncertain",
     ErrorCode.STORE_UNAVAILABLE: "Idempotency store unavailable",
     ErrorCode.OUTCOME_NOT_RECORDED: "The outcome could not be recorded",
     ErrorCode.RESPONSE_NOT_SERIALIZABLE: "The response cannot be stored",

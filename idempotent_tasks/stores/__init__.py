@@ -33,6 +33,7 @@ from .base import (
     TakeOver,
     TransactionalStore,
 )
+from .effects import AsyncStepStore, AsyncUncertainStore, StepStore, UncertainStore
 from .reopen import AsyncReopenStore, ReopenStore
 
 __all__ = [
@@ -43,8 +44,10 @@ __all__ = [
     "AsyncHotPathStore",
     "AsyncMaintenanceStore",
     "AsyncReopenStore",
+    "AsyncStepStore",
     "AsyncStore",
     "AsyncTransactionalStore",
+    "AsyncUncertainStore",
     "BatchStore",
     "BodyTransaction",
     "ClaimRequest",
@@ -56,9 +59,11 @@ __all__ = [
     "ReopenStore",
     "Scope",
     "Status",
+    "StepStore",
     "Store",
     "StoredRecord",
     "SuccessWrite",
     "TakeOver",
     "TransactionalStore",
+    "UncertainStore",
 ]

@@ -25,6 +25,8 @@ from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 class _Counter:
     count: int
     updated_at: float
+    #: The scope's recorded steps (``stores.effects``): they live and die with the counter.
+    steps: bytes | None = None
 
 
 class MemoryStore:
@@ -228,6 +230,55 @@ class MemoryStore:
                 return FailureResult(count, poisoned=True)
             del self._records[scope]
             return FailureResult(count, poisoned=False)
+
+    # -- steps and the UNCERTAIN status (stores.effects) --------------------------------
+    def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> bool:
+        with self._lock:
+            if self._owned(scope, token) is None:
+                return False
+            counter = self._counters.get(scope)
+            if counter is None:
+                counter = self._counters[scope] = _Counter(0, now)
+            counter.steps = steps
+            return True
+
+    def load_steps(self, scope: Scope) -> bytes | None:
+        with self._lock:
+            counter = self._counters.get(scope)
+            return None if counter is None else counter.steps
+
+    def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> bool:
+        with self._lock:
+            record = self._owned(scope, token)
+            if record is None:
+                return False
+            self._update(record, status=Status.UNCERTAIN, response=detail, updated_at=now,
+                         lease_expires_at=None, expires_at=None)
+            return True
+
+    def resolve_uncertain(
+        self,
+        scope: Scope,
+        *,
+        resolution: str,
+        now: float,
+        response: bytes | None = None,
+        expires_at: float | None = None,
+    ) -> bool:
+        with self._lock:
+            record = self._records.get(scope)
+            if record is None or record.status is not Status.UNCERTAIN:
+                return False
+            if resolution == "retry":
+                del self._records[scope]
+            elif resolution == "done":
+                self._update(record, status=Status.SUCCESS, response=response,
+                             updated_at=now, expires_at=expires_at)
+            else:
+                self._update(record, status=Status.FAILED, updated_at=now, expires_at=expires_at)
+            return True
 
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
