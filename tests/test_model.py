@@ -66,6 +66,8 @@ HASHES = (
 )
 KEYS = ("a", "b")
 NEVER_ISSUED = 2**62 + 12345
+#: What ``reopen`` may give to a new attempt.
+SETTLED = (Status.SUCCESS, Status.FAILED)
 
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -147,7 +149,7 @@ class Model:
     def reopen(self, scope: Scope, expected: int, new: int, now: float, lease: float) -> bool:
         """stores/reopen.py: a settled record of ``expected`` becomes a new attempt."""
         rec = self.records.get(scope)
-        if rec is None or rec.status is Status.PROCESSING or rec.token != expected:
+        if rec is None or rec.status not in SETTLED or rec.token != expected:
             return False
         self.records[scope] = MRecord(Status.PROCESSING, rec.request_hash, None, new, now, now,
                                       lease, None)
@@ -391,7 +393,7 @@ class StoreMachine(RuleBasedStateMachine):
         got = self.store.reopen(  # type: ignore[attr-defined]
             scope, expected_token=expected, now=now, lease_expires_at=lease
         )
-        if rec is None or rec.status is Status.PROCESSING or rec.token != expected:
+        if rec is None or rec.status not in SETTLED or rec.token != expected:
             assert got is None, f"reopen of {rec} with token {expected} answered {got}"
             assert self.snapshot() == before, "a refused reopen changed the store"
             return

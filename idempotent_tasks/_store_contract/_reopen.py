@@ -10,6 +10,7 @@ import pytest
 
 from .._core.records import Status, StoredRecord
 from ..stores.base import Store
+from ..stores.effects import UncertainStore
 from ..stores.reopen import ReopenStore
 from ._common import NOW, RACERS, S, race, token_of
 
@@ -106,6 +107,18 @@ class ReopenRules:
         before = store.get(S)
         assert reopen(store, token) is None  # the attempt runs: nothing to reopen
         assert reopen(store, token, now=NOW + 1000) is None  # not even once its lease expired
+        assert store.get(S) == before
+
+    def test_reopen_refuses_an_uncertain_record(self, store: Store) -> None:
+        """UNCERTAIN (``stores.effects``) is settled by an operator, never by a new attempt."""
+        reopener(store)
+        if not callable(getattr(store, "mark_uncertain", None)):
+            pytest.skip(f"{store.name} store does not keep UNCERTAIN records")
+        token = token_of(store)
+        assert cast(UncertainStore, store).mark_uncertain(S, token=token, now=NOW + 1,
+                                                          detail=b"unknown")
+        before = store.get(S)
+        assert reopen(store, token) is None
         assert store.get(S) == before
 
     def test_concurrent_reopens_of_one_attempt_exactly_one_wins(self, store: Store) -> None:
