@@ -16,7 +16,8 @@ from django.test import AsyncClient, Client
 
 from idempotent_tasks import IdempotencyHandler, Status
 from idempotent_tasks.django import DjangoStore, get_handler
-from idempotent_tasks.testing import FaultyStore
+from idempotent_tasks.http import HTTPRequest, default_payload
+from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
 from .conftest import idempotency_settings
 from .project import views
@@ -224,6 +225,41 @@ def test_store_down_is_503_and_the_view_does_not_run(script: views.Script, alias
         assert down["Retry-After"] == "1" and script.runs == 0
         faulty.heal()
         assert post(Client(), "/orders/7", new_key()).status_code == 201
+
+
+def test_a_view_that_ran_past_its_lease_is_superseded_409(
+    script: views.Script, alias: str
+) -> None:
+    """The view froze past its lease and another attempt took the scope over (the forced
+    lease loss): its completion is fenced off, so the client gets 409 REQUEST_IN_PROGRESS
+    with Retry-After — never the stale view's 201 — and the record stays the newer
+    attempt's: nothing was recorded as a success by the stale owner."""
+    clock = FakeClock()
+    handler = IdempotencyHandler(DjangoStore(using=alias), metrics=None, clock=clock,
+                                 lease_timeout=10)
+    key, newer = new_key(), []
+    body = json.dumps({"amount": 100}).encode()  # what post() sends: the default payload's
+    payload = default_payload(HTTPRequest(
+        method="POST", path="/orders/7", query_string=b"", headers={}, body=body,
+        operation=ORDER, route=ORDER, path_params={},
+    ))
+
+    def take_over() -> None:  # inside the view, after the middleware's claim
+        clock.advance(11)
+        newer.append(simulate_crash(handler, operation=ORDER, tenant="acme", key=key,
+                                    payload=payload))
+
+    script.gate = take_over
+    current = {k: v for k, v in get_settings().items() if k not in ("DATABASE", "LEASE_TIMEOUT")}
+    with override(current, HANDLER=handler):
+        stale = post(Client(), "/orders/7", key)
+    assert stale.status_code == 409 and code(stale) == "REQUEST_IN_PROGRESS"
+    assert stale["Retry-After"] == "1" and "Idempotent-Replayed" not in stale
+    assert stale.wsgi_request.idempotency.outcome == "superseded"
+    assert script.runs == 1 and isinstance(newer[0], int)
+    held = handler.get_record(operation=ORDER, tenant="acme", key=key)
+    assert held is not None and held.status is Status.PROCESSING
+    assert held.fencing_token == newer[0] and held.response is None
 
 
 def get_settings() -> dict[str, Any]:
