@@ -128,15 +128,21 @@ def test_pages_render_and_filters_work(page: Any, served: Served) -> None:
     assert "PROCESSING" in body and "stuck: expired" in body and "Fencing token" in body
 
 
+def start_action_signing_in(page: Any, action: str) -> None:
+    """On a record's page: the action's link, the sign-in it leads to, back at its
+    confirmation step."""
+    page.get_by_role("link", name=f"{action.capitalize()}…").click()
+    page.get_by_role("link", name="Sign in with the operator token").click()
+    page.get_by_label("Operator token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**confirm={action}")
+
+
 def test_unpoison_from_the_page_lets_the_next_delivery_run(page: Any, served: Served) -> None:
     tenant, operation, key = served.population.poisoned
     page.goto(served.record_url(served.population.poisoned))
     assert "FAILED" in page.locator("main").inner_text()
-    page.get_by_role("link", name="Unpoison…").click()
-    page.get_by_role("link", name="Sign in with the operator token").click()
-    page.get_by_label("Operator token").fill(TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**confirm=unpoison")
+    start_action_signing_in(page, "unpoison")
     page.get_by_role("button", name="Confirm unpoison").click()
     page.wait_for_url("**done=unpoison")
     main = page.locator("main").inner_text()
@@ -192,11 +198,7 @@ def test_resolve_an_uncertain_record_from_the_page(page: Any, served: Served) ->
     page.wait_for_url(served.record_url(scope))
     main = page.locator("main").inner_text()
     assert "UNCERTAIN" in main and UNCERTAIN_DETAIL in main
-    page.get_by_role("link", name="Resolve…").click()
-    page.get_by_role("link", name="Sign in with the operator token").click()
-    page.get_by_label("Operator token").fill(TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**confirm=resolve")
+    start_action_signing_in(page, "resolve")
     page.get_by_role("radio", name="done — record it as SUCCESS").check()
     page.get_by_role("textbox", name="Result (JSON)").fill('{"refunded": 100}')
     page.get_by_role("button", name="Confirm resolve").click()
