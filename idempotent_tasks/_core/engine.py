@@ -21,7 +21,7 @@ from .instrumented import InstrumentedStore
 from .logging import Logger, default_logger
 from .metrics import Metrics, NoMetrics, default_metrics
 from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS, Offloader
-from .records import Record, Scope, StoredRecord
+from .records import Record, Scope, Status, StoredRecord
 from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
 from .store_calls import GetRetryCount, Heartbeat
 from .tracing import unwrap
@@ -267,8 +267,10 @@ class Engine:
             return None
 
     def to_record(self, stored: StoredRecord, retry_count: int) -> Record:
-        response = None
-        if stored.response is not None:
+        response, detail = None, None
+        if stored.status is Status.UNCERTAIN:  # its bytes are the detail (UTF-8), not a result
+            detail = (stored.response or b"").decode("utf-8", "replace")
+        elif stored.response is not None:
             try:  # without the traceparent a traced execution keeps beside it
                 response = self.serializer.loads(unwrap(stored.response)[0])
             except SerializationError:
@@ -279,7 +281,7 @@ class Engine:
             request_hash=stored.request_hash, response=response, retry_count=retry_count,
             fencing_token=stored.fencing_token, created_at=stored.created_at,
             updated_at=stored.updated_at, lease_expires_at=stored.lease_expires_at,
-            expires_at=stored.expires_at,
+            expires_at=stored.expires_at, detail=detail,
         )
 
     @staticmethod
