@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..typing import OnStuck, Options, Seconds, seconds
@@ -171,14 +171,11 @@ class Engine:
         key: str | None,
         payload: Any,
         require_key: bool,
-        ttl: Seconds | None = None,
-        lease_timeout: Seconds | None = None,
-        max_retries: int | None = None,
-        on_stuck: OnStuck | None = None,
-        policies: dict[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> Call | None:
         """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``).
-        Runs on every delivery: the memo look-ups and the options are inlined."""
+        ``overrides``: the call site's options (``ttl``, …, the policies), ``None`` when it
+        names none.  Runs on every delivery: the memo look-ups and the options are inlined."""
         accepted = self._accepted
         op = accepted.get(operation) if type(operation) is str else None
         if op is None:
@@ -191,14 +188,8 @@ class Engine:
             t = self._validated(tenant, validate_tenant)
         scope = _new_scope(Scope, (t, op, k))
         options = self._operations.get(op, self.defaults)
-        if not (
-            ttl is None and lease_timeout is None and max_retries is None and on_stuck is None
-            and policies is None
-        ):
-            options = options.merged(
-                ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
-                **(policies or {}),
-            )
+        if overrides is not None:
+            options = options.merged(**overrides)
         return Call(scope, self.hash_payload(scope, payload), options)
 
     def _validated(self, value: object, validate: Callable[[object], str]) -> str:
