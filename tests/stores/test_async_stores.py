@@ -177,6 +177,39 @@ def test_missing_schema_is_a_configuration_error() -> None:
     assert body.runs == 1
 
 
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_a_partly_missing_schema_is_refused_on_first_use(driver: str) -> None:
+    """The schema is checked whole on first use, as SQLStore does: with the retry counters'
+    table dropped, the first call is CONFIGURATION_ERROR naming it and no body runs."""
+    require("postgres")
+    from idempotent_tasks import AsyncSQLStore, SQLStore
+
+    prefix = _prefix()
+    SQLStore(POSTGRES_URL, table_prefix=prefix).create_schema()
+    engine = sa.create_engine(POSTGRES_URL)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE {prefix}_retry_counters")
+    engine.dispose()
+    url = sa.make_url(POSTGRES_URL).set(drivername=f"postgresql+{driver}")
+    store = AsyncSQLStore(url.render_as_string(hide_password=False), table_prefix=prefix)
+    body = Body()
+
+    async def main() -> None:
+        h = _handler(store)
+        try:
+            outcome = await h.run_async(body, **_kw("k"))
+            assert (outcome.kind, outcome.error_code) == (
+                "rejected", ErrorCode.CONFIGURATION_ERROR
+            )
+            assert f"{prefix}_retry_counters" in (outcome.detail or "")
+        finally:
+            await store.drop_schema()
+            await store.close()
+
+    asyncio.run(main())
+    assert body.runs == 0
+
+
 def _run_pg(test: Callable[[Any, IdempotencyHandler, str], Awaitable[None]]) -> None:
     """``test(store, handler, table)`` with a table of the test's own for the body."""
     store = _store("async_postgres")

@@ -138,13 +138,15 @@ def test_the_url_selects_the_database() -> None:
 
 
 def test_a_refused_handshake_fails_closed() -> None:
-    """A user the server does not know: ``AUTH`` is refused, and the store fails closed."""
+    """A user the server does not know: ``AUTH`` is refused, and the store fails closed with
+    a configuration error (retrying would never help), the body not run."""
     url = _redis_url().replace("redis://", "redis://no-such-user:not-the-password@")
     store = _redis_store(url, connect_timeout=1.0)
 
     async def main() -> None:
         outcome = await _handler(store).run_async(_ok, **_kw("k"))
-        assert outcome.error_code is ErrorCode.STORE_UNAVAILABLE
+        assert (outcome.kind, outcome.error_code) == ("rejected", ErrorCode.CONFIGURATION_ERROR)
+        assert not outcome.ran
         await store.close()
 
     asyncio.run(main())
