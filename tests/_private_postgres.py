@@ -8,6 +8,9 @@ temporary directory (as the ``postgres`` user when the tests run as root: ``init
 ``pg_ctl`` refuse to run as root), trust authentication, listening on 127.0.0.1 on a free port
 with a socket directory of its own, a database ``test``; started once per session by the
 :func:`private_postgres` fixture, stopped and removed at the end of the session.
+:func:`scram_postgres` is a second one whose TCP connections authenticate with scram-sha-256
+(a superuser password, ``password_encryption = 'scram-sha-256'``, ``pg_hba.conf``'s
+``host all all 127.0.0.1/32 scram-sha-256``), for the wrong-password tests.
 
 Its faults are *verified* before anyone counts them (:meth:`PrivatePostgres.restart`): a
 restart is one only when ``pg_ctl`` succeeded both ways, a connection was refused while the

@@ -33,6 +33,7 @@ from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 from idempotent_tasks.stores.redis import RedisStore, driver_errors
 
 from .._services import REDIS_URL, require
+from .._wait import budget
 
 redis = pytest.importorskip("redis")
 from redis.crc import key_slot  # noqa: E402
@@ -71,7 +72,7 @@ def start_redis(
 def stop_redis(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=budget(10))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -84,7 +85,7 @@ def wait_until(
     timeout: float = 15.0,
 ) -> None:
     """Poll ``condition`` (a readiness check, not a sleep that hopes) until it holds."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while not condition():
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{message}: exited with {proc.returncode}")
@@ -472,7 +473,7 @@ def _connection_id(store: RedisStore) -> int:
 
 
 def test_each_thread_keeps_one_connection_of_its_own(rstore: RedisStore) -> None:
-    both_connected = threading.Barrier(2, timeout=10)
+    both_connected = threading.Barrier(2, timeout=budget(10))
     ids: dict[str, tuple[int, int]] = {}
 
     def work(name: str) -> None:
