@@ -16,6 +16,7 @@ from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ._mysql import MySQLCommon, MySQLOps
 from ._plans import ROWS, CommonPlans, Plan, PostgresPlans
+from ._schema import build_metadata
 from ._sqlite import SQLiteOps
 from ._statements import Common, failure_params, identity, scope_params, take_over_params
 
@@ -118,11 +119,12 @@ def dialect_plans(
 
 
 def schema_objects(quote: Callable[[str], str], prefix: str) -> tuple[str, ...]:
-    """The quoted names of the store's tables: what :func:`check_schema` probes.  The token
-    source (PostgreSQL's sequence, SQLite's fencing table) is not among them: only a claim
-    uses it, and a claim without it fails before any body runs; a database of an earlier
-    version, which lacks it, can still be read until ``create_schema`` adds it."""
-    return tuple(quote(f"{prefix}_{t}") for t in ("records", "retry_counters", "locks"))
+    """The quoted names of the store's tables (every table of :func:`build_metadata`): what
+    :func:`check_schema` probes.  The token source (PostgreSQL's sequence, SQLite's fencing
+    table) is not among them: only a claim uses it, and a claim without it fails before any
+    body runs; a database of an earlier version, which lacks it, can still be read until
+    ``create_schema`` adds it."""
+    return tuple(quote(name) for name in build_metadata(prefix).tables)
 
 
 def check_schema(objects: tuple[str, ...]) -> Plan[None]:
