@@ -34,7 +34,7 @@ from ._core.reconcile import Reconciled
 from ._core.records import IdempotencyContext, Record, Status
 from ._core.runner import MaintenanceRunner, MaintenanceSchedule
 from ._core.serialization import JSONSerializer, Serializer
-from ._core.signals import Poison, Release
+from ._core.signals import Abandon, Poison, Release
 from .caches.memory import MemoryCache
 from .stores.memory import MemoryStore
 
@@ -76,6 +76,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Abandon",
     "AsyncRedisStore",
     "AsyncSQLStore",
     "ConfigurationError",

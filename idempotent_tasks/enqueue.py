@@ -19,20 +19,32 @@ enqueued while one is open is published only once it commits — never for a bod
 were rolled back, and never before the task could see them.  ``enqueue_once`` then returns
 what the publish will produce (the Celery ``AsyncResult`` of the task id it will use, the
 Dramatiq ``Message`` it will enqueue).
+
+Unique enqueue (``idempotent_tasks.celery.enqueue_unique``, ``idempotent_tasks.dramatiq.
+enqueue_unique``, ``idempotent_tasks.taskiq.enqueue_unique``) is the producer-side twin: publish
+only while no message of a scope is pending.  :func:`publish_unique` is its one algorithm;
+each integration passes how to publish and how to name a pending message.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core.context import current_context
 from ._core.errors import ConfigurationError
 from ._core.keys import KEY_OPTION, TENANT_OPTION, derive_key
 from ._core.records import IdempotencyContext
+from ._core.unique import MARK_HEADER, UniqueMark, UniqueUntil, read_header, unique_until
+from .typing import Seconds
+
+if TYPE_CHECKING:
+    from ._core.handler import IdempotencyHandler
+
+H = TypeVar("H")
 
 _Positions = tuple[IdempotencyContext, dict[tuple[str, str], int]]
 _POSITIONS: ContextVar[_Positions | None] = ContextVar("idempotent_tasks_enqueue", default=None)
@@ -183,10 +195,114 @@ def _publish_later(
     return _NOT_DEFERRED
 
 
+def publish_unique(
+    handler: IdempotencyHandler,
+    name: str,
+    *,
+    tenant: str,
+    key: str,
+    lease_timeout: Seconds | None,
+    publish: Callable[[UniqueMark], H],
+    pending: Callable[[UniqueMark], H],
+) -> H:
+    """Take the pending-message mark of (``tenant``, task ``name``, ``key``) and
+    ``publish(mark)`` the message with ``mark.message_id``; when another producer holds the
+    mark, ``pending(mark)``: the handle of its message (same id), nothing published.
+
+    A publish that raises hands the mark back at once (owner-checked), so a broker outage
+    does not block the scope until the lease expires; a producer that dies before
+    publishing blocks it only until then.
+    """
+    mark = handler.acquire_unique(name, tenant, key, lease_timeout=lease_timeout)
+    if not mark.acquired:
+        handler.logger.debug("unique_enqueue_pending", tenant=tenant, operation=name,
+                             message_id=mark.message_id)
+        return pending(mark)
+    try:
+        return publish(mark)
+    except BaseException:
+        handler.release_unique(mark)
+        raise
+
+
+async def publish_unique_async(
+    handler: IdempotencyHandler,
+    name: str,
+    *,
+    tenant: str,
+    key: str,
+    lease_timeout: Seconds | None,
+    publish: Callable[[UniqueMark], Awaitable[H]],
+    pending: Callable[[UniqueMark], H],
+) -> H:
+    """:func:`publish_unique` for async producers (the store's calls awaited, or run on the
+    handler's executor for a sync store)."""
+    mark = await handler.acquire_unique_async(name, tenant, key, lease_timeout=lease_timeout)
+    if not mark.acquired:
+        handler.logger.debug("unique_enqueue_pending", tenant=tenant, operation=name,
+                             message_id=mark.message_id)
+        return pending(mark)
+    try:
+        return await publish(mark)
+    except BaseException:
+        await handler.release_unique_async(mark)
+        raise
+
+
+async def release_carried_async(
+    handler: IdempotencyHandler, carried: object, moment: UniqueUntil
+) -> None:
+    """:func:`release_carried` for async workers."""
+    mark = _carried(carried, moment)
+    if mark is not None:
+        try:
+            released = await handler.release_unique_async(mark)
+        except Exception as exc:  # the store is down: the lease ends the mark
+            _log_release(handler, mark, exc)
+        else:
+            _log_release(handler, mark, released)
+
+
+def release_carried(handler: IdempotencyHandler, carried: object, moment: UniqueUntil) -> None:
+    """The worker's side: release the mark a message carries (its header, option or label
+    value) if ``moment`` is the one it was enqueued with.  Never raises into the framework:
+    a mark left behind only lasts its lease."""
+    mark = _carried(carried, moment)
+    if mark is not None:
+        try:
+            released = handler.release_unique(mark)
+        except Exception as exc:  # the store is down (or async): the lease ends the mark
+            _log_release(handler, mark, exc)
+        else:
+            _log_release(handler, mark, released)
+
+
+def _carried(carried: object, moment: UniqueUntil) -> UniqueMark | None:
+    found = read_header(carried)
+    return None if found is None or found[1] != moment else found[0]
+
+
+def _log_release(handler: IdempotencyHandler, mark: UniqueMark, done: bool | Exception) -> None:
+    if isinstance(done, Exception):
+        handler.logger.warning("unique_mark_not_released", tenant=mark.tenant,
+                               operation=mark.operation, error=repr(done))
+    else:
+        handler.logger.debug("unique_mark_released", tenant=mark.tenant,
+                             operation=mark.operation, released=done)
+
+
 __all__ = [
+    "MARK_HEADER",
     "PublishDeferrer",
+    "UniqueMark",
+    "UniqueUntil",
     "begin_enqueue_scope",
     "derive_task_key",
     "enqueue_once",
+    "publish_unique",
+    "publish_unique_async",
+    "release_carried",
+    "release_carried_async",
     "set_publish_deferrer",
+    "unique_until",
 ]

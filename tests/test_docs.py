@@ -10,7 +10,9 @@ other):
   (tests/_services.py ``require``).  A block that needs ``rabbitmq`` runs on a RabbitMQ
   vhost of its own: its ``amqp://guest:guest@localhost…`` URLs (and those of the files below)
   are pointed there, so the page reads as a user writes it and the test touches no queue it
-  did not create;
+  did not create.  ``kafka`` likewise: the block gets a Kafka-protocol broker of its own (a
+  Tansu process on a free port, see tests/_services.py ``private_kafka``) and its
+  ``localhost:9092`` addresses are pointed there;
 * ``# doc: file NAME``: the block is a file of the page's project (``tasks.py``, ``app.py``):
   not run by itself, but written, as the page shows it, into the working directory of every
   later block of the same page, which can import it;
@@ -27,6 +29,7 @@ other):
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -34,13 +37,13 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ._services import private_vhost, require
+from ._services import private_kafka, private_vhost, require
 
 ROOT = Path(__file__).resolve().parents[1]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
@@ -48,7 +51,12 @@ _DIRECTIVE = re.compile(r"^#\s*doc:\s*(?P<name>\w+)\b\s*(?P<value>.*)$")
 #: The broker URLs a page writes for the machine's RabbitMQ (pointed at a private vhost).
 _AMQP = re.compile(r"amqp://guest:guest@(?:localhost|127\.0\.0\.1)(?::5672)?/(?:/|%2F)?"
                    r"(?=[\"'\s])")
-SERVICES = {"postgres", "redis", "rabbitmq"}
+#: The bootstrap address a page writes for a Kafka broker (pointed at a private Tansu broker).
+_KAFKA = re.compile(r"\b(?:localhost|127\.0\.0\.1):9092\b")
+SERVICES = {"postgres", "redis", "rabbitmq", "kafka"}
+#: Services a block gets a private instance of (the others are the machine's, checked by
+#: ``require``).
+PRIVATE = {"kafka"}
 
 
 @dataclass(frozen=True)
@@ -157,8 +165,16 @@ def importable(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
                 del sys.modules[name]
 
 
+@dataclass
+class WorkerRun:
+    """How a worker process ended and what it wrote (for a test that counts its effects)."""
+
+    output: str = ""
+    returncode: int | None = None
+
+
 @contextlib.contextmanager
-def worker_process(block: Block, command: str, directory: Path) -> Iterator[None]:
+def worker_process(block: Block, command: str, directory: Path) -> Iterator[WorkerRun]:
     """``command`` running in ``directory`` while the block runs (SIGTERM, as a supervisor
     stops it, afterwards); its output is printed when the block fails."""
     assert command in stated_commands(block.path), (
@@ -167,30 +183,31 @@ def worker_process(block: Block, command: str, directory: Path) -> Iterator[None
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(directory)}
     log = directory.parent / f"{directory.name}-worker.log"
+    run = WorkerRun()
     with log.open("w+b") as out:
         proc = subprocess.Popen(shlex.split(command), cwd=directory, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            yield
+            yield run
         except BaseException:
             print(f"--- {command} ---\n{log.read_text(errors='replace')}")
             raise
         finally:
-            _stop(proc)
-    output = log.read_text(errors="replace")
+            run.returncode = _stop(proc)
+    output = run.output = log.read_text(errors="replace")
     log.unlink()
     # The page's own settings must not be ones the library warns about at worker start.
     assert "ConfigurationRiskWarning" not in output, f"--- {command} ---\n{output}"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> int:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        return proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        return proc.wait()
 
 
 def run_code(block_id: str, code: str) -> None:
@@ -210,15 +227,11 @@ def run_code(block_id: str, code: str) -> None:
 def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     unknown = set(block.needs) - SERVICES
     assert not unknown, f"{block.id}: unknown service(s) {unknown} in '# doc: needs'"
-    for service in block.needs:
+    for service in set(block.needs) - PRIVATE:
         require(service)
     monkeypatch.chdir(tmp_path)
     with contextlib.ExitStack() as stack:
-        vhost = stack.enter_context(private_vhost("docs")) if "rabbitmq" in block.needs else None
-
-        def as_tested(code: str) -> str:
-            return _AMQP.sub(vhost, code) if vhost else code
-
+        as_tested = stack.enter_context(private_services(block, tmp_path))
         files = page_files(block)
         for name, code in files:
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +242,31 @@ def test_doc_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.Monkey
         if command:
             stack.enter_context(worker_process(block, command, tmp_path))
         run_code(block.id, as_tested(block.code))
+
+
+@contextlib.contextmanager
+def private_services(block: Block, directory: Path) -> Iterator[Callable[[str], str]]:
+    """The block's private RabbitMQ vhost and Kafka broker, if it needs them, and the rewrite
+    that points a page's addresses of those services at them (the broker's log lies beside
+    ``directory``, the block's working directory)."""
+    with contextlib.ExitStack() as stack:
+        rewrites: list[tuple[re.Pattern[str], str]] = []
+        if "rabbitmq" in block.needs:
+            rewrites.append((_AMQP, stack.enter_context(private_vhost("docs"))))
+        if "kafka" in block.needs:
+            log = directory.parent / f"{directory.name}-tansu.log"
+            rewrites.append((_KAFKA, stack.enter_context(private_kafka(log))))
+            # The block's clients, kept by reference cycles (a function's globals), are freed
+            # while their broker still answers: none then reconnects to a dead one for the
+            # rest of the session.
+            stack.callback(gc.collect)
+
+        def as_tested(code: str) -> str:
+            for pattern, address in rewrites:
+                code = pattern.sub(address, code)
+            return code
+
+        yield as_tested
 
 
 #: ``pip install idempotent-tasks`` from an index (no index has the package), with or without
@@ -323,6 +361,9 @@ def test_parser_conventions(tmp_path: Path) -> None:
     assert blocks[8].directives["worker"] == "celery -A tasks worker"
     url = "Celery('x', broker=\"amqp://guest:guest@localhost//\")"
     assert _AMQP.sub("amqp://vhost", url) == "Celery('x', broker=\"amqp://vhost\")"
+    config = '{"bootstrap.servers": "localhost:9092,127.0.0.1:9092", "x": "host:19092"}'
+    assert _KAFKA.sub("127.0.0.1:40001", config) == (
+        '{"bootstrap.servers": "127.0.0.1:40001,127.0.0.1:40001", "x": "host:19092"}')
     assert blocks[4].code == "s = '''\n```\n'''\n"
     assert blocks[5].code == "z = 3\n"
     assert blocks[0].needs == []

@@ -226,6 +226,7 @@ HANDLER_SURFACE = {
     "find_stuck_records", "find_stuck_records_async", "list_records", "list_records_async",
     "record_counts", "record_counts_async", "create_schema", "create_schema_async",
     "try_lock", "try_lock_async", "unlock", "unlock_async",
+    "acquire_unique", "acquire_unique_async", "release_unique", "release_unique_async",
     "register_operation", "options_for", "supports_transactions", "close",
     "logger", "clock", "metrics", "defaults", "heartbeat_interval", "max_payload_bytes",
     "max_response_bytes",
@@ -241,3 +242,38 @@ def test_the_handlers_public_surface_is_the_documented_list() -> None:
     documented = (PACKAGE.parent / "docs" / "design.md").read_text()
     section = documented.split("## The handler's public face", 1)[1].split("\n## ", 1)[0]
     assert {name for name in HANDLER_SURFACE if f"`{name}`" not in section} == set()
+
+
+#: Where the testing kit keeps its store contract (imported lazily, by name, with pytest).
+TESTING_COMPANIONS = {"idempotent_tasks._store_contract"}
+
+
+def test_the_testing_kit_is_written_on_the_public_api() -> None:
+    """``idempotent_tasks.testing`` is what users' tests import, so it may use only what a
+    user can: the names the package exports and its public modules — no engine module
+    (``_core``), no private name, however it is imported."""
+    import idempotent_tasks
+
+    offending = []
+    tree = ast.parse((PACKAGE / "testing.py").read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom | ast.Import):
+            continue
+        for module, name in _imported_by(node):
+            if not module.startswith("idempotent_tasks") or module in TESTING_COMPANIONS:
+                continue
+            private = any(part.startswith("_") for part in module.split("."))
+            unexported = module == "idempotent_tasks" and name not in idempotent_tasks.__all__
+            if private or unexported or (name or "").startswith("_"):
+                offending.append(f"testing.py:{node.lineno}: {module} {name or ''}".strip())
+    assert offending == []
+
+
+def _imported_by(node: ast.ImportFrom | ast.Import) -> list[tuple[str, str | None]]:
+    """(module, name) for each name an import statement of ``idempotent_tasks.testing``
+    binds, its relative module resolved (``from . import Outcome``: the package itself)."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None) for alias in node.names]
+    base = "idempotent_tasks" if node.level else ""
+    module = ".".join(p for p in (base, node.module or "") if p)
+    return [(module, alias.name) for alias in node.names]

@@ -5,7 +5,7 @@ a backoff sleep) and returns an :class:`~.outcome.Outcome`; :mod:`.drivers` runs
 synchronous path or on an event loop, and :mod:`.transactional` / :mod:`.batch` reuse its
 steps.  Expected results are values: a refusal is an ``Outcome``, never an exception; only a
 ``BaseException`` out of a body (``KeyboardInterrupt``, a cancelled task) propagates, after
-its attempt was recorded.
+its attempt was recorded (``Abandon`` propagates with nothing recorded: a simulated crash).
 
 The steps, for one delivery of a scope:
 

@@ -3,7 +3,7 @@
 ``handler.run`` returns an :class:`Outcome` for every expected result — a fresh execution, a
 replay, a refusal, a recorded failure — and never raises for one; ``unwrap()`` turns it back
 into a return value or the exception ``execute`` raises.  Integrations map ``kind`` to their
-framework's action through one table (docs/guarantees.md, "One outcome, one table"):
+framework's action through one table (docs/design.md, "One outcome, one table"):
 
 ===================  =====================================================================
 kind                 meaning

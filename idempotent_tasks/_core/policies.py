@@ -34,8 +34,21 @@ from .records import Status, StoredRecord
 from .store_calls import Get, Reopen
 from .waiting import Nap
 
+#: The policy options, spelled as ``run``'s keywords and every integration's options
+#: (``reconcile``: the function ``on_stuck="reconcile"`` asks, :mod:`.reconcile`).
+POLICY_NAMES = (
+    "on_in_progress", "wait_timeout", "on_success", "reuse_after", "on_failure", "reconcile",
+)
+
 _FIRST_LOOK = 0.005
 _LONGEST_NAP = 0.25
+
+
+def given_policies(source: object) -> dict[str, Any]:
+    """The policies an integration's settings object sets (its :data:`POLICY_NAMES`
+    attributes that are not ``None``), as keywords for ``run`` / ``register_operation``."""
+    values = {name: getattr(source, name, None) for name in POLICY_NAMES}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def reuse_due(engine: Engine, call: Call, record: StoredRecord) -> bool:
@@ -115,4 +128,7 @@ def wait_for_settled(
         engine.waiters.leave()
 
 
-__all__ = ["STILL_RUNNING", "rejected", "reopen", "reuse_due", "wait_for_settled"]
+__all__ = [
+    "POLICY_NAMES", "STILL_RUNNING", "given_policies", "rejected", "reopen", "reuse_due",
+    "wait_for_settled",
+]

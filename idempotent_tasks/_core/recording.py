@@ -22,7 +22,7 @@ from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError, StoreUnavailableError
 from .outcome import Outcome, OutcomeKind
 from .records import IdempotencyContext
-from .signals import Poison, Release
+from .signals import Abandon, Poison, Release
 from .tracing import API as _OTEL
 
 Flow = Generator[Command, Any, Outcome]
@@ -135,7 +135,10 @@ def body_failed(
     the record); :class:`Release` is counted like a transient error (``counted=False``:
     released without counting); any other (transient) error
     is counted and releases the scope, or poisons at ``max_retries``.  A ``BaseException``
-    that is not an ``Exception`` is recorded the same way, then propagates."""
+    that is not an ``Exception`` is recorded the same way, then propagates — except
+    :class:`Abandon`, which writes nothing (the claim stays as a killed worker leaves it)."""
+    if isinstance(exc, Abandon):
+        raise exc
     kept = kept_value(engine, call, exc)
     try:
         kind, count = yield from record_failure(engine, call, claim.token, exc, permanent, kept)

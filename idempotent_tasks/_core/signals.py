@@ -10,12 +10,20 @@
   is not the operation's outcome at all (the caller was not allowed to run it: missing
   credentials, a CSRF refusal): released without counting and without poisoning, so a
   corrected retry runs; the outcome is ``kind="failed"`` with the counter unchanged.
+* :class:`Abandon` — walk away from the attempt exactly as a killed worker does: nothing is
+  written, the record stays PROCESSING with its fencing token and its lease, and the
+  exception propagates out of ``run`` / ``execute``.  Once the lease expires, recovery or the
+  next delivery's takeover counts the abandoned attempt.  For tests of what follows a crash
+  inside a body (``idempotent_tasks.testing.simulate_crash`` is built on it); in production
+  it only blocks the scope for a whole lease — raise :class:`Release` to give it up.
 
 Import them from ``idempotent_tasks`` (``from idempotent_tasks import Poison, Release``).
 
-Both are ordinary exceptions raised *inside* the body; the engine recognises them whatever
-``permanent=`` says.  They are general (nothing here knows HTTP): the HTTP middlewares use
-them for recorded error responses and for 401/403/407.
+``Poison`` and ``Release`` are ordinary exceptions raised *inside* the body; the engine
+recognises them whatever ``permanent=`` says.  ``Abandon`` is a ``BaseException`` (like
+``KeyboardInterrupt``), so that no ``except Exception`` between the body and the worker
+turns the crash into an answer.  They are general (nothing here knows HTTP): the HTTP
+middlewares use ``Poison`` and ``Release`` for recorded error responses and for 401/403/407.
 """
 
 from __future__ import annotations
@@ -65,4 +73,18 @@ class Release(Exception):
             self.counted = counted
 
 
-__all__ = ["Poison", "Release"]
+class Abandon(BaseException):
+    """Leave the attempt as a SIGKILLed worker leaves it: no outcome is written, the claim
+    stays PROCESSING with its token until its lease expires, and this propagates.
+
+    A real crash cannot be produced inside one process without killing it; this is the
+    same record state, reached through the public ``run`` so that tests need no private
+    engine step.  Nothing is counted or logged: a killed worker says nothing either.
+    """
+
+    def __init__(self, reason: str = "abandoned") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+__all__ = ["Abandon", "Poison", "Release"]

@@ -1,7 +1,7 @@
 """Celery integration: exactly-once task bodies per (tenant, task name, idempotency key).
 
 ```python
-from idempotent_tasks.celery import setup, idempotent_task
+from idempotent_tasks.celery import enqueue_unique, idempotent_task, setup
 
 setup(app, handler)                                    # + beat entries for recovery/cleanup
 
@@ -9,6 +9,7 @@ setup(app, handler)                                    # + beat entries for reco
 def charge(order_id: int, amount: int) -> dict: ...
 
 charge.apply_async((42, 100), idempotency_key="6f1c…", tenant="acme")
+enqueue_unique(report, (7,), key="report-7", tenant="acme")  # not while one is pending
 ```
 
 Guarantees (docs/guarantees.md): duplicate deliveries of a scope whose record exists never run
@@ -33,13 +34,14 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     ) from exc
 
 from .._core.errors import ConfigurationError
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._canvas import derive_key, idempotent_chain, keyed
 from ._delivery import KEY_HEADER, TENANT_HEADER, RetryRequested
 from ._risks import ConfigurationRiskWarning
 from ._setup import check_configuration, setup, start_maintenance, stop_maintenance
 from ._state import CLEANUP_TASK, RECOVER_TASK, CeleryState, get_handler
 from ._task import IdempotentTask, current_connection
+from ._unique import enqueue_unique
 
 
 def idempotent_task(
@@ -53,6 +55,11 @@ def idempotent_task(
     max_retries: int | None = None,
     on_stuck: OnStuck | None = None,
     lease_timeout: Seconds | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     transactional: bool = False,
     base: type[IdempotentTask] = IdempotentTask,
     **options: Any,
@@ -64,14 +71,25 @@ def idempotent_task(
     ``key``/``tenant``/``payload`` are functions of the task's arguments.  With
     ``transactional=True`` (SQLStore only) the body runs inside the store's transaction: its
     SQLAlchemy connection is passed as keyword ``conn`` when the function declares a ``conn``
-    parameter, and is always available as :func:`current_connection`.
+    parameter, and is always available as :func:`current_connection`.  The per-operation
+    policies (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
+    ``on_failure``) become the task's attributes; ``on_success`` / ``on_failure`` are stored
+    as ``idempotency_on_success`` / ``idempotency_on_failure`` (Celery's own ``on_success`` /
+    ``on_failure`` are handler methods, which stay untouched).
     """
     if not (isinstance(base, type) and issubclass(base, IdempotentTask)):
         raise ConfigurationError("idempotent_task(base=...) must be an IdempotentTask subclass")
+    for name, value in (("on_success", on_success), ("on_failure", on_failure)):
+        if callable(value):  # Celery's own handler method, as shared_task takes it
+            options[name] = value
     options.update(
         base=base, permanent=permanent, key=key, tenant=tenant, payload=payload, ttl=ttl,
         require_key=require_key, idempotency_max_retries=max_retries, on_stuck=on_stuck,
         lease_timeout=lease_timeout, transactional=transactional, max_retries=None,
+        on_in_progress=on_in_progress, wait_timeout=wait_timeout,
+        idempotency_on_success=None if callable(on_success) else on_success,
+        reuse_after=reuse_after,
+        idempotency_on_failure=None if callable(on_failure) else on_failure,
     )
     return shared_task(*args, **options)
 
@@ -88,6 +106,7 @@ __all__ = [
     "check_configuration",
     "current_connection",
     "derive_key",
+    "enqueue_unique",
     "get_handler",
     "idempotent_chain",
     "idempotent_task",

@@ -12,6 +12,9 @@ Maintenance (non-negotiable 5: recovery and cleanup run on a schedule from day o
   job per interval.  Embedded workers that send no ``worker_ready`` (``start_worker``) call
   :func:`start_maintenance` / :func:`stop_maintenance` themselves.
 
+Unique enqueue (``_unique``): the worker releases the marks of ``enqueue_unique`` from the
+``task_prerun`` / ``task_postrun`` signals, connected here.
+
 Configuration risks (``_risks``) are computed here and reported by each worker once Celery has
 set up its logging, so that they reach the worker's log.
 """
@@ -30,6 +33,7 @@ from ..typing import Seconds, seconds
 from ._risks import ConfigurationRiskWarning, check_configuration, find_risks, report_once
 from ._state import ATTRIBUTE, CLEANUP_TASK, RECOVER_TASK, CeleryState, Maintenance, state_for
 from ._task import register_task_options
+from ._unique import connect_release_signals
 
 
 def setup(
@@ -59,6 +63,7 @@ def setup(
     if maintenance == "beat" and beat:
         _install_beat(app, schedule)
     _connect_worker_signals(app)
+    connect_release_signals()
     for task in list(app._tasks.values()):
         register_task_options(app, type(task))
     if app.configured:

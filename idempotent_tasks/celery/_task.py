@@ -25,7 +25,8 @@ from celery.exceptions import Ignore, Reject
 from .._core import tracing
 from .._core.context import current_context
 from .._core.errors import IdempotencyError
-from ..typing import Permanent, Seconds
+from .._core.policies import POLICY_NAMES
+from ..typing import OnFailure, OnInProgress, OnSuccess, Permanent, Seconds
 from . import _outcomes
 from ._delivery import KEY_HEADER, TENANT_HEADER, Delivery, RetryRequested, resolve
 from ._state import ATTRIBUTE, CeleryState, state_for
@@ -33,6 +34,9 @@ from ._tracing import delivery_attributes
 
 _FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent")
 _IN_BODY = "_idempotency_in_body"
+#: Policies whose plain names are Celery's handler methods: a class that sets them to a
+#: policy value (a string) has it moved to ``idempotency_<name>``.
+_CLASHING_POLICIES = ("on_success", "on_failure")
 
 _connection: ContextVar[Any] = ContextVar("idempotent_tasks_celery_connection", default=None)
 
@@ -70,6 +74,14 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
     idempotency_max_retries: int | None = None
     #: (initial, cap) seconds for in-progress and store-down retries (never counted).
     wait_backoff: tuple[float, float] = (1.0, 60.0)
+    #: The per-operation policies (``None``: the handler's).  ``on_success="reject"`` and
+    #: ``on_failure="allow_new_attempt"`` are kept as ``idempotency_on_success`` /
+    #: ``idempotency_on_failure``: Celery's ``on_success`` / ``on_failure`` are methods.
+    on_in_progress: OnInProgress | None = None
+    wait_timeout: Seconds | None = None
+    reuse_after: Seconds | None = None
+    idempotency_on_success: OnSuccess | None = None
+    idempotency_on_failure: OnFailure | None = None
 
     # Crash safety (docs/guarantees.md): a killed worker's message is redelivered, not lost.
     acks_late = True
@@ -85,6 +97,12 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
             value = cls.__dict__.get(name)
             if isinstance(value, FunctionType):  # keep plain functions unbound
                 setattr(cls, name, staticmethod(value))
+        for name in _CLASHING_POLICIES:
+            value = cls.__dict__.get(name)
+            if isinstance(value, str):  # a policy, not Celery's handler method
+                if f"idempotency_{name}" not in cls.__dict__:
+                    setattr(cls, f"idempotency_{name}", value)
+                delattr(cls, name)
         own_max = cls.__dict__.get("max_retries")
         if own_max is not None:
             if "idempotency_max_retries" not in cls.__dict__:
@@ -190,7 +208,19 @@ def register_task_options(app: celery.Celery, task_cls: type) -> None:
         lease_timeout=current.lease_timeout if lease is None else lease,
         max_retries=task_cls.idempotency_max_retries or current.max_retries,
         on_stuck=task_cls.on_stuck or current.on_stuck,  # type: ignore[arg-type]
+        **{**{name: getattr(current, name) for name in POLICY_NAMES},
+           **task_policies(task_cls)},
     )
+
+
+def task_policies(task: type[IdempotentTask] | IdempotentTask) -> dict[str, Any]:
+    """The policies a task sets, named as ``run``'s keywords (``None``: not set)."""
+    values = {
+        "on_in_progress": task.on_in_progress, "wait_timeout": task.wait_timeout,
+        "on_success": task.idempotency_on_success, "reuse_after": task.reuse_after,
+        "on_failure": task.idempotency_on_failure,
+    }
+    return {name: value for name, value in values.items() if value is not None}
 
 
 
@@ -213,6 +243,7 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
             transactional=task.transactional, require_key=task.require_key, ttl=task.ttl,
             lease_timeout=task.lease_timeout, max_retries=task.idempotency_max_retries,
             on_stuck=task.on_stuck,  # type: ignore[arg-type]
+            **task_policies(task),
         )
     return _outcomes.apply(delivery, outcome)
 

@@ -19,12 +19,14 @@ from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError
 from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.validation import validate_operation, validate_tenant
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._message import Message
 from ._resolve import KeySpec, PayloadSpec, Resolved, Resolver, TenantSpec
 from ._semconv import message_attributes
 
 Body = Callable[..., Any]
+#: Refusals the engine decided (and logged) itself: not invalid input.
+_ENGINE_REFUSALS = (ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST, ErrorCode.DUPLICATE_REJECTED)
 
 
 class IdempotentConsumer:
@@ -39,7 +41,9 @@ class IdempotentConsumer:
     ``batch_completion=True`` writes the successes of a ``process_batch`` call together,
     after its bodies (one round trip instead of one per message): a crash between a body and
     that write re-runs the body once its lease expires, so the at-least-once window of plain
-    bodies grows from one message to one batch.  Off by default.
+    bodies grows from one message to one batch.  Off by default.  The per-operation
+    policies (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``,
+    ``on_failure``; ``None``: the handler's) apply to every message of the operation.
     """
 
     def __init__(
@@ -58,6 +62,11 @@ class IdempotentConsumer:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
         batch_completion: bool = False,
     ) -> None:
         if key is not None and not callable(key) and key != "coordinates":
@@ -81,7 +90,9 @@ class IdempotentConsumer:
         self.require_key = require_key
         self._options: dict[str, Any] = {
             "ttl": ttl, "lease_timeout": lease_timeout, "max_retries": max_retries,
-            "on_stuck": on_stuck,
+            "on_stuck": on_stuck, "on_in_progress": on_in_progress,
+            "wait_timeout": wait_timeout, "on_success": on_success, "reuse_after": reuse_after,
+            "on_failure": on_failure,
         }
         if any(o is not None for o in self._options.values()):
             # recovery and cleanup (maintenance threads, the CLI) use the same settings
@@ -146,9 +157,7 @@ class IdempotentConsumer:
 
     def _checked(self, message: Message, outcome: Outcome) -> Outcome:
         """Log invalid input (the engine logs every other decision)."""
-        if outcome.kind == "rejected" and outcome.error_code is not (
-            ErrorCode.KEY_REUSED_WITH_DIFFERENT_REQUEST
-        ):
+        if outcome.kind == "rejected" and outcome.error_code not in _ENGINE_REFUSALS:
             code = outcome.error_code
             self.handler.logger.warning(
                 "message_rejected", operation=self.operation,

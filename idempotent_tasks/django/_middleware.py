@@ -239,6 +239,7 @@ class _SyncExchange(_Exchange):
         return handler.run(
             self._body, operation=self.match.operation, tenant=tenant, key=key,
             payload=payload, permanent=is_permanent_signal, require_key=settings.require_key,
+            **settings.policies,
         )
 
     def _body(self) -> dict[str, Any]:
@@ -272,6 +273,7 @@ class _AsyncExchange(_Exchange):
         return await handler.run_async(
             self._body, operation=self.match.operation, tenant=tenant, key=key,
             payload=payload, permanent=is_permanent_signal, require_key=settings.require_key,
+            **settings.policies,
         )
 
     async def _body(self) -> dict[str, Any]:

@@ -12,13 +12,15 @@
                  "PROFILE": "guide"},
     }
 
-Optional keys: ``HEARTBEAT_INTERVAL`` and ``ON_STUCK`` (the handler's), and ``HANDLER`` — a
-dotted path to an ``IdempotencyHandler`` (or a function returning one) to use instead of
-building one on ``DjangoStore`` (another store, say Redis); it excludes the handler keys
-above.  ``HTTP`` also takes ``GET_PAYLOAD``, ``REQUIRE_KEY``, ``STATUS_MAP``, ``PERMANENT``,
-``REPLAY_ERRORS``, ``PROBLEM_TYPE_BASE``, ``MAX_RESPONSE_BYTES`` and ``REPLAY_HEADERS``
-(the HTTP middlewares' options of the same names).  An unknown key or a bad value is
-``ImproperlyConfigured`` naming it.
+Optional keys: ``HEARTBEAT_INTERVAL``, ``ON_STUCK`` and the per-operation policies
+``ON_IN_PROGRESS``, ``WAIT_TIMEOUT``, ``ON_SUCCESS``, ``REUSE_AFTER``, ``ON_FAILURE`` (the
+handler's defaults), and ``HANDLER`` — a dotted path to an ``IdempotencyHandler`` (or a
+function returning one) to use instead of building one on ``DjangoStore`` (another store,
+say Redis); it excludes the handler keys above.  ``HTTP`` also takes ``GET_PAYLOAD``,
+``REQUIRE_KEY``, ``STATUS_MAP``, ``PERMANENT``, ``REPLAY_ERRORS``, ``PROBLEM_TYPE_BASE``,
+``MAX_RESPONSE_BYTES``, ``REPLAY_HEADERS`` and the five policy keys (the HTTP middlewares'
+options of the same names; ``Route(...)`` objects in ``ROUTES`` carry per-route policies).
+An unknown key or a bad value is ``ImproperlyConfigured`` naming it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ _HANDLER_KEYS: Final = {
     "CACHE": "cache",
     "HEARTBEAT_INTERVAL": "heartbeat_interval",
     "ON_STUCK": "on_stuck",
+    "ON_IN_PROGRESS": "on_in_progress",
+    "WAIT_TIMEOUT": "wait_timeout",
+    "ON_SUCCESS": "on_success",
+    "REUSE_AFTER": "reuse_after",
+    "ON_FAILURE": "on_failure",
 }
+#: The per-operation policies, accepted in both blocks: at the top level the handler's
+#: defaults, under ``HTTP`` the middleware's (which win for HTTP requests).
+_POLICY_KEYS: Final = ("ON_IN_PROGRESS", "WAIT_TIMEOUT", "ON_SUCCESS", "REUSE_AFTER", "ON_FAILURE")
 _KEYS: Final = frozenset({*_HANDLER_KEYS, "HTTP", "HANDLER"})
 HTTP_KEYS: Final = {
     "GET_TENANT": "get_tenant",
@@ -58,6 +68,7 @@ HTTP_KEYS: Final = {
     "PROBLEM_TYPE_BASE": "problem_type_base",
     "MAX_RESPONSE_BYTES": "max_response_bytes",
     "REPLAY_HEADERS": "replay_headers",
+    **{name: _HANDLER_KEYS[name] for name in _POLICY_KEYS},
 }
 _CALLABLE_HTTP_KEYS: Final = frozenset({"GET_TENANT", "GET_PAYLOAD"})
 

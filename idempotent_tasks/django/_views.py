@@ -129,6 +129,7 @@ class Planner:
             require_key=base.require_key if mark.require_key is None else mark.require_key,
             status_map=status_map,
             permanent=base.permanent if mark.permanent is None else as_predicate(mark.permanent),
+            policies=base.policies,
         )
         template = match.template if match is not None else "/" + str(found.route or "")
         operation = mark.operation or (

@@ -8,6 +8,7 @@
     def charge(order_id: str, amount: int) -> dict: ...
 
     charge.send_with_options(args=("o-1", 100), idempotency_key=key, tenant="acme")
+    enqueue_unique(report, 7, key="report-7", tenant="acme")  # not while one is pending
 
 How it works, and why this shape
 --------------------------------
@@ -59,12 +60,13 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
 
 from .._core.errors import ConfigurationError
 from .._core.records import IdempotencyContext
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from . import _state
 from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
 from ._retry_guard import RetryNotEnqueuedError
 from ._runner import CONTEXT_ATTRIBUTE, IdempotencyRetry
 from ._spec import ACTOR_OPTIONS, KEY_OPTION, TENANT_OPTIONS
+from ._unique import enqueue_unique
 
 
 @overload
@@ -83,6 +85,11 @@ def idempotent_actor(
     ttl: Seconds | None = None,
     lease_timeout: Seconds | None = None,
     on_stuck: OnStuck | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     require_key: bool = True,
     max_retries: int | None = None,
     transactional: bool = False,
@@ -102,6 +109,11 @@ def idempotent_actor(
     ttl: Seconds | None = None,
     lease_timeout: Seconds | None = None,
     on_stuck: OnStuck | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     require_key: bool = True,
     max_retries: int | None = None,
     transactional: bool = False,
@@ -118,10 +130,13 @@ def idempotent_actor(
     store's transaction (SQLStore only) — reach the connection with
     :func:`current_connection`.  Every ``dramatiq.actor`` option passes through
     (``actor_name``, ``queue_name``, ``priority``, ``broker``, ``min_backoff``,
-    ``max_backoff``, ``time_limit``, ``store_results``, …).
+    ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies are
+    the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
+    ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names).
     """
-    if "idempotency_max_retries" in actor_options:
-        raise ConfigurationError("pass max_retries=, not idempotency_max_retries=")
+    for name in ("max_retries", "on_success", "on_failure"):
+        if f"idempotency_{name}" in actor_options:
+            raise ConfigurationError(f"pass {name}=, not idempotency_{name}=")
     options: dict[str, Any] = {
         "idempotent": True,
         "permanent": permanent,
@@ -132,6 +147,9 @@ def idempotent_actor(
         "key": key, "tenant": tenant, "payload": payload, "ttl": ttl,
         "lease_timeout": lease_timeout, "on_stuck": on_stuck,
         "idempotency_max_retries": max_retries, "operation": operation,
+        "on_in_progress": on_in_progress, "wait_timeout": wait_timeout,
+        "idempotency_on_success": on_success, "reuse_after": reuse_after,
+        "idempotency_on_failure": on_failure,
     }
     options.update({name: value for name, value in optional.items() if value is not None})
 
@@ -172,6 +190,7 @@ __all__ = [
     "IdempotencyRetry",
     "RetryNotEnqueuedError",
     "current_connection",
+    "enqueue_unique",
     "get_context",
     "idempotent_actor",
 ]

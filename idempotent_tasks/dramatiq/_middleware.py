@@ -19,6 +19,7 @@ from ._retry_guard import RetryGuard, enable_publisher_confirms
 from ._runner import MessageRun
 from ._skip_log import install_replay_skip_filter
 from ._spec import ACTOR_OPTIONS, ActorSpec
+from ._unique import UniqueRelease
 
 _MARKER = "__idempotency_middleware__"
 _FALLBACK_MAX_RETRIES = 20  # Dramatiq's own default, for exceptions we did not decide
@@ -66,6 +67,7 @@ class IdempotencyMiddleware(Middleware):
                                 cleanup_every=seconds(cleanup_every)),
         )
         self.retry_guard = RetryGuard(handler.logger)
+        self.unique = UniqueRelease(handler)  # the marks of ``enqueue_unique``, every actor
         self._workers = 0
         self._lock = threading.Lock()
 
@@ -109,6 +111,7 @@ class IdempotencyMiddleware(Middleware):
     # ------------------------------------------------------------------ messages
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         _state.clear()
+        self.unique.started(message)
         actor = broker.get_actor(message.actor_name)
         if not actor.options.get("idempotent"):
             return
@@ -128,6 +131,8 @@ class IdempotencyMiddleware(Middleware):
         exception: BaseException | None = None,
     ) -> None:
         _state.local.message = None
+        if exception is not None:
+            self.unique.raised(message)
         if exception is None or not broker.get_actor(message.actor_name).options.get("idempotent"):
             return
         if _state.decision_for(exception) is _state.Decision.DEAD_LETTER:
@@ -152,9 +157,11 @@ class IdempotencyMiddleware(Middleware):
 
     def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
         _state.clear()  # drop the reference to the last exception
+        self.unique.settled(message, acked=True)
 
     def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
         _state.clear()
+        self.unique.settled(message, acked=False)
 
     # ------------------------------------------------------------------ worker lifecycle
     def before_worker_boot(self, broker: dramatiq.Broker, worker: Any) -> None:

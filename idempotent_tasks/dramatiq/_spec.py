@@ -16,7 +16,8 @@ from typing import Any
 
 from .._core import keys
 from .._core.errors import ErrorCode, InvalidInputError
-from ..typing import OnStuck, Permanent, Seconds
+from .._core.policies import given_policies
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 
 #: Message options a producer sets (``send_with_options(idempotency_key=..., tenant=...)``).
 KEY_OPTION = keys.KEY_OPTION
@@ -24,7 +25,9 @@ TENANT_OPTIONS = ("tenant", keys.TENANT_OPTION)
 
 #: Actor options the middleware declares.  ``idempotency_max_retries`` is the store's
 #: failed-attempt count before poisoning (Dramatiq's own ``max_retries`` is a different thing
-#: and never ends an idempotent actor's message first).
+#: and never ends an idempotent actor's message first); likewise the ``on_success`` /
+#: ``on_failure`` policies are ``idempotency_on_success`` / ``idempotency_on_failure``
+#: (Dramatiq's ``Callbacks`` middleware owns the plain names: actors to notify).
 ACTOR_OPTIONS = frozenset(
     {
         "idempotent",
@@ -36,6 +39,11 @@ ACTOR_OPTIONS = frozenset(
         "ttl",
         "lease_timeout",
         "on_stuck",
+        "on_in_progress",
+        "wait_timeout",
+        "idempotency_on_success",
+        "reuse_after",
+        "idempotency_on_failure",
         "require_key",
         "idempotency_max_retries",
         "transactional",
@@ -61,6 +69,11 @@ class ActorSpec:
     lease_timeout: Seconds | None = None
     max_retries: int | None = None
     on_stuck: OnStuck | None = None
+    on_in_progress: OnInProgress | None = None
+    wait_timeout: Seconds | None = None
+    on_success: OnSuccess | None = None
+    reuse_after: Seconds | None = None
+    on_failure: OnFailure | None = None
 
     @classmethod
     def from_options(cls, actor_name: str, options: Mapping[str, Any]) -> ActorSpec:
@@ -76,6 +89,11 @@ class ActorSpec:
             lease_timeout=options.get("lease_timeout"),
             max_retries=options.get("idempotency_max_retries"),
             on_stuck=options.get("on_stuck"),
+            on_in_progress=options.get("on_in_progress"),
+            wait_timeout=options.get("wait_timeout"),
+            on_success=options.get("idempotency_on_success"),
+            reuse_after=options.get("reuse_after"),
+            on_failure=options.get("idempotency_on_failure"),
         )
 
     @property
@@ -87,7 +105,8 @@ class ActorSpec:
             "max_retries": self.max_retries,
             "on_stuck": self.on_stuck,
         }
-        return {name: value for name, value in values.items() if value is not None}
+        given = {name: value for name, value in values.items() if value is not None}
+        return {**given, **given_policies(self)}
 
 
 @dataclass(frozen=True, slots=True)

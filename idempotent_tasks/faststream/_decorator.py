@@ -28,7 +28,7 @@ from faststream import AckPolicy
 from .._core.handler import IdempotencyHandler
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, OutcomeCallback
 from ..consumers._resolve import KeySpec, PayloadSpec, TenantSpec
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._delivery import Subscription
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +62,11 @@ def idempotent(
     lease_timeout: Seconds | None = None,
     max_retries: int | None = None,
     on_stuck: OnStuck | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     dead_letter: str | None = None,
     dead_letter_options: Mapping[str, Any] | None = None,
     retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
@@ -81,32 +86,36 @@ def idempotent(
         handler, operation=operation, tenant=tenant, default_tenant=default_tenant, key=key,
         payload=payload, permanent=permanent, require_key=require_key, ttl=ttl,
         lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+        on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
+        reuse_after=reuse_after, on_failure=on_failure,
         dead_letter=dead_letter, dead_letter_options=dead_letter_options,
         retry_backoff=retry_backoff, on_outcome=on_outcome,
     )
 
-    def decorate(fn: F) -> F:
-        is_async = inspect.iscoroutinefunction(fn)
+    return functools.partial(_wrap, subscription)
 
-        @functools.wraps(fn)
-        async def subscriber(*args: Any, **kwargs: Any) -> Any:
-            msg, context = kwargs.pop(_DELIVERY)
 
-            async def body() -> Any:
-                if is_async:
-                    return await fn(*args, **kwargs)
-                return await asyncio.to_thread(fn, *args, **kwargs)
+def _wrap(subscription: Subscription, fn: F) -> F:
+    """``fn`` as a FastStream subscriber whose every delivery goes through ``subscription``."""
+    is_async = inspect.iscoroutinefunction(fn)
 
-            result = await subscription.process(msg, context, body)
-            faststream_subscriber = context.get_local("handler_")
-            if getattr(faststream_subscriber, "ack_policy", None) is AckPolicy.MANUAL:
-                await msg.ack()
-            return result
+    @functools.wraps(fn)
+    async def subscriber(*args: Any, **kwargs: Any) -> Any:
+        msg, context = kwargs.pop(_DELIVERY)
 
-        subscriber.__signature__ = _with_context(fn)  # type: ignore[attr-defined]
-        return subscriber  # type: ignore[return-value]
+        async def body() -> Any:
+            if is_async:
+                return await fn(*args, **kwargs)
+            return await asyncio.to_thread(fn, *args, **kwargs)
 
-    return decorate
+        result = await subscription.process(msg, context, body)
+        faststream_subscriber = context.get_local("handler_")
+        if getattr(faststream_subscriber, "ack_policy", None) is AckPolicy.MANUAL:
+            await msg.ack()
+        return result
+
+    subscriber.__signature__ = _with_context(fn)  # type: ignore[attr-defined]
+    return subscriber  # type: ignore[return-value]
 
 
 def _with_context(fn: Callable[..., Any]) -> inspect.Signature:

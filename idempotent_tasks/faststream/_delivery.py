@@ -57,7 +57,7 @@ from ..consumers._resolve import (
     is_structured_cloudevent,
 )
 from ..consumers._semconv import message_attributes
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._brokers import Broker, broker_for
 
 #: ``messaging.system`` of each broker adapter (``generic``: not known).
@@ -102,6 +102,11 @@ class Subscription:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
         dead_letter: str | None = None,
         dead_letter_options: Mapping[str, Any] | None = None,
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
@@ -115,10 +120,14 @@ class Subscription:
         self.require_key = require_key
         self.options: dict[str, Any] = {
             "ttl": ttl, "lease_timeout": lease_timeout, "max_retries": max_retries,
-            "on_stuck": on_stuck,
+            "on_stuck": on_stuck, "on_in_progress": on_in_progress,
+            "wait_timeout": wait_timeout, "on_success": on_success, "reuse_after": reuse_after,
+            "on_failure": on_failure,
         }
-        if operation is not None and any(v is not None for v in self.options.values()):
-            handler.register_operation(operation, **self.options)  # maintenance uses them
+        if any(v is not None for v in self.options.values()):
+            handler.defaults.merged(**self.options)  # a bad value fails here, not on a delivery
+            if operation is not None:
+                handler.register_operation(operation, **self.options)  # maintenance uses them
         self.dead_letter = dead_letter
         self.dead_letter_options = dict(dead_letter_options or {})
         self.backoff = Backoff(retry_backoff)

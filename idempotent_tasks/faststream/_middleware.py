@@ -19,7 +19,7 @@ from faststream import BaseMiddleware
 from .._core.handler import IdempotencyHandler
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, OutcomeCallback
 from ..consumers._resolve import KeySpec, PayloadSpec, TenantSpec
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from ._delivery import Subscription
 
 
@@ -51,6 +51,11 @@ class IdempotencyMiddleware:
         lease_timeout: Seconds | None = None,
         max_retries: int | None = None,
         on_stuck: OnStuck | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
         dead_letter: str | None = None,
         dead_letter_options: Mapping[str, Any] | None = None,
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
@@ -60,6 +65,8 @@ class IdempotencyMiddleware:
             handler, operation=operation, tenant=tenant, default_tenant=default_tenant,
             key=key, payload=payload, permanent=permanent, require_key=require_key, ttl=ttl,
             lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
+            on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
+            reuse_after=reuse_after, on_failure=on_failure,
             dead_letter=dead_letter, dead_letter_options=dead_letter_options,
             retry_backoff=retry_backoff, on_outcome=on_outcome,
         )

@@ -24,7 +24,9 @@ from typing import Any
 from .._core import keys
 from .._core.errors import ConfigurationError, ErrorCode, IdempotencyError, InvalidInputError
 from .._core.handler import IdempotencyHandler
+from .._core.policies import given_policies
 from .._core.signals import Poison, Release
+from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
 from ._profiles import Profile, resolve_profile
 from ._routes import RouteSettings, RouteSpec, RouteTable, StatusPolicy, as_predicate
 
@@ -281,6 +283,11 @@ class Options:
     profile: str = "guide"
     replay_errors: bool | None = None
     problem_type_base: str | None = None
+    on_in_progress: OnInProgress | None = None
+    wait_timeout: Seconds | None = None
+    on_success: OnSuccess | None = None
+    reuse_after: Seconds | None = None
+    on_failure: OnFailure | None = None
 
 
 def build_policy(handler: IdempotencyHandler, options: Options) -> Policy:
@@ -301,12 +308,17 @@ def build_policy(handler: IdempotencyHandler, options: Options) -> Policy:
         o.profile, replay_errors=o.replay_errors, problem_type_base=o.problem_type_base
     )
     statuses = {**profile.status_map, **dict(o.status_map or {})}
-    defaults = RouteSettings(o.require_key, statuses, as_predicate(o.permanent))
+    defaults = RouteSettings(
+        o.require_key, statuses, as_predicate(o.permanent), given_policies(o)
+    )
+    routes = RouteTable(o.routes, defaults)
+    for settings in routes.all_settings():  # a bad policy fails here, not on a request
+        handler.defaults.merged(**settings.policies)
     return Policy(
         handler=handler,
         get_tenant=o.get_tenant,
         get_payload=o.get_payload or default_payload,
-        routes=RouteTable(o.routes, defaults),
+        routes=routes,
         max_response_bytes=limit,
         replay_headers=frozenset(h.lower() for h in o.replay_headers),
         profile=profile,

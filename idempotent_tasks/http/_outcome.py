@@ -1,38 +1,25 @@
 """The one table from an :class:`~idempotent_tasks.Outcome` to an HTTP answer, shared by the
-ASGI and WSGI middlewares (docs/guarantees.md, "One outcome, one table"):
+ASGI, WSGI and Django middlewares (docs/http.md, "The outcome table").
 
-=================  ==========================================================================
-kind               answer
-=================  ==========================================================================
-executed           the application's response (stored; this first answer keeps every header)
-replayed           the stored response, with ``Idempotent-Replayed: true``
-in_progress        409 ``REQUEST_IN_PROGRESS`` + ``Retry-After``
-failed             the application's own transient answer (5xx, 408/425/429) as it gave it,
-                   or its exception re-raised (the server's 500)
-poisoned           409 ``REQUEST_FAILED``, or the error response kept with the record
-                   (``replay_errors``) with ``Idempotent-Replayed: true``; when the
-                   endpoint ran in this request, its own (permanent) answer
-rejected           400 (bad key, tenant or payload), 409 (key reused; 422 under ``"ietf"``),
-                   500 (configuration)
-store_unavailable  503 + ``Retry-After`` (``OUTCOME_NOT_RECORDED`` included)
-superseded         409 ``REQUEST_IN_PROGRESS`` + ``Retry-After``: the endpoint ran past its
-                   lease and a newer attempt owns the scope; its own answer is not sent
-=================  ==========================================================================
+Who answers is a function of the outcome's ``kind`` alone, except for ``poisoned``
+(:func:`table_row`): the endpoint (its own response, or its exception re-raised), the
+response stored with the record (a replay, or an error response kept with ``replay_errors``),
+or the library (an error whose status follows the error code, the profile and the route's
+``status_map``; whose body is the profile's: guide JSON or RFC 9457 problem details; with
+``Retry-After`` for the kinds that say "come back later": ``in_progress``, ``superseded``,
+``store_unavailable``).
 
 The message of a ``STORE_UNAVAILABLE``, ``OUTCOME_NOT_RECORDED``, ``INTERNAL_ERROR`` or
 ``CONFIGURATION_ERROR`` answer can carry the inside (a driver's text: internal hosts, ports):
 clients get a generic sentence with a correlation id, and the full message goes to the log line
 that carries the same id.
-
-A route's ``status_map`` overrides the status per error code (on top of the profile's);
-``Retry-After`` follows the kind, whatever the status; the body is the profile's (guide JSON
-or RFC 9457 problem details).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
 
 from .._core.errors import ErrorCode, IdempotencyError, idempotency_error_status, make_error
 from .._core.logging import Logger, default_logger
@@ -42,7 +29,54 @@ from ._profiles import Profile
 
 #: The ``Retry-After`` of the answers that say "come back later" (in progress, store down).
 RETRY_AFTER_SECONDS = 1
-_RETRY_LATER: frozenset[str] = frozenset({"in_progress", "store_unavailable", "superseded"})
+
+
+class Row(NamedTuple):
+    """One row of the outcome table: who answers, and whether the library's answer carries
+    ``Retry-After`` (its status and body follow the error code and the profile)."""
+
+    by: Literal["endpoint", "stored", "library"]
+    retry_after: bool = False
+
+
+ENDPOINT = Row("endpoint")
+STORED = Row("stored")
+LIBRARY = Row("library")
+LATER = Row("library", retry_after=True)
+
+#: Every kind but ``poisoned``: its answer is its kind's alone.
+BY_KIND: dict[str, Row] = {
+    "executed": ENDPOINT,  # the endpoint's 2xx, stored before it is sent
+    "replayed": STORED,  # plus Idempotent-Replayed: true
+    "failed": ENDPOINT,  # its transient status or its exception, as it gave it
+    "in_progress": LATER,
+    "superseded": LATER,  # it ran past its lease: its own answer is fenced off
+    "store_unavailable": LATER,
+    "rejected": LIBRARY,
+}
+
+
+def table_row(
+    kind: str, error_code: ErrorCode | None, profile: Profile, stored: Any, endpoint_failed: bool
+) -> Row:
+    """Who answers an outcome of ``kind``.  Only ``poisoned`` needs more than its kind: with
+    ``REQUEST_FAILED`` it is the endpoint's own permanent answer when the endpoint failed in
+    this request (``endpoint_failed``: its failure is what the outcome carries), a later
+    request's replay of the response kept with the record (``stored``) when the profile
+    replays errors, else the library's 409; any other code (a record that cannot be read,
+    a result that cannot be stored) is the library's 500."""
+    if kind != "poisoned":
+        return BY_KIND[kind]
+    # A poisoned scope answers this request with the endpoint's own 4xx and every later one
+    # with 409 or the kept response: the kind and code are the same, only whether the
+    # endpoint's failure came with the outcome tells them apart.
+    if error_code not in (ErrorCode.REQUEST_FAILED, None):
+        return LIBRARY
+    if endpoint_failed:
+        return ENDPOINT
+    if stored is not None and profile.replay_errors:
+        return STORED
+    return LIBRARY
 
 
 #: The codes whose message may carry the inside, and what clients are told instead.
@@ -60,23 +94,22 @@ def library_response(
     outcome: Outcome, status_map: Mapping[str, int], profile: Profile,
     logger: Logger | None = None,
 ) -> CapturedResponse | None:
-    """The answer the library gives for ``outcome``; ``None`` when the application's own
-    response (or exception) is the answer: the endpoint ran in this request and what it did
-    was recorded (executed, or a failure the handler counted, released or poisoned).
-    ``logger`` gets the full message of a withheld error (default: the library's logger)."""
-    if outcome.kind == "replayed" or _kept_error(outcome, profile):
+    """The answer the library gives for ``outcome`` (:func:`table_row`); ``None`` when the
+    endpoint's own response (or exception) is the answer.  ``logger`` gets the full message
+    of a withheld error (default: the library's logger)."""
+    row = table_row(outcome.kind, outcome.error_code, profile, outcome.result,
+                    outcome.exception is not None)
+    if row.by == "endpoint":
+        return None
+    if row.by == "stored":
         try:
             return CapturedResponse.from_stored(outcome.result)
         except IdempotencyError as err:  # a record that is not an HTTP response
             withheld = public_error(err, logger)
             return error_response(withheld, status_map, profile, retry_after=False)
-    if outcome.kind == "executed" or (
-        outcome.ran and outcome.refusal is None and outcome.kind != "superseded"
-    ):
-        return None
     return error_response(
         public_error(outcome.error_object(), logger), status_map, profile,
-        retry_after=outcome.kind in _RETRY_LATER,
+        retry_after=row.retry_after,
     )
 
 
@@ -94,14 +127,6 @@ def public_error(err: IdempotencyError, logger: Logger | None = None) -> Idempot
     return make_error(
         err.code, f"{generic} (correlation id {reference})",
         tenant=err.tenant, operation=err.operation, key=err.key,
-    )
-
-
-def _kept_error(outcome: Outcome, profile: Profile) -> bool:
-    """A duplicate of a scope poisoned by an error response kept with its record."""
-    return (
-        outcome.kind == "poisoned" and not outcome.ran and outcome.result is not None
-        and profile.replay_errors
     )
 
 
@@ -140,10 +165,17 @@ def error_response(
 
 
 __all__ = [
+    "BY_KIND",
+    "ENDPOINT",
+    "LATER",
+    "LIBRARY",
     "RETRY_AFTER_SECONDS",
+    "STORED",
+    "Row",
     "app_exception",
     "error_response",
     "library_response",
     "public_error",
     "refused",
+    "table_row",
 ]

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from .._core.errors import ConfigurationError
+from .._core.policies import given_policies
+from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
 
 #: Methods protected by default: the ones that change state.
 UNSAFE_METHODS: tuple[str, ...] = ("POST", "PUT", "PATCH", "DELETE")
@@ -57,6 +61,9 @@ class Route:
     """A protected route with optional per-route overrides (``None`` = middleware default).
 
     ``Route("/payments/{id}", methods=("POST",), status_map={"REQUEST_IN_PROGRESS": 425})``.
+    The per-operation policies (``on_in_progress="wait"`` with ``wait_timeout``,
+    ``on_success``, ``reuse_after``, ``on_failure``) apply to this route's requests; a
+    route's own value wins over the middleware's, which wins over the handler's.
     """
 
     template: str
@@ -64,6 +71,11 @@ class Route:
     require_key: bool | None = None
     status_map: Mapping[str, int] | None = None
     permanent: StatusPolicy | None = None
+    on_in_progress: OnInProgress | None = None
+    wait_timeout: Seconds | None = None
+    on_success: OnSuccess | None = None
+    reuse_after: Seconds | None = None
+    on_failure: OnFailure | None = None
 
 
 #: What ``routes=`` accepts: ``"/path/{id}"`` (every unsafe method), ``("POST", "/path")``
@@ -78,6 +90,8 @@ class RouteSettings:
     require_key: bool
     status_map: Mapping[str, int]
     permanent: Callable[[int], bool]
+    #: The policy options passed to every ``handler.run`` of the route (names as ``run``'s).
+    policies: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +170,14 @@ class RouteTable:
                 if route.permanent is None
                 else as_predicate(route.permanent)
             ),
+            policies=MappingProxyType({**self.defaults.policies, **given_policies(route)}),
         )
         methods = frozenset(m.upper() for m in route.methods)
         return _Compiled(route.template, methods, compile_template(route.template), settings)
+
+    def all_settings(self) -> list[RouteSettings]:
+        """Every route's settings (the defaults first): checked once at construction."""
+        return [self.defaults, *(route.settings for route in self._routes)]
 
     def match(self, method: str, path: str) -> RouteMatch | None:
         """The protected route for this request, or ``None`` (pass through untouched)."""

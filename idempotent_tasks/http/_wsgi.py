@@ -22,6 +22,7 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.records import IdempotencyContext
 from ..enqueue import begin_enqueue_scope
+from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
 from ._common import (
     DEFAULT_REPLAY_HEADERS,
     KEY_ENVIRON,
@@ -69,6 +70,11 @@ class WSGIIdempotencyMiddleware:
         profile: ProfileName = "guide",
         replay_errors: bool | None = None,
         problem_type_base: str | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> None:
         self.app = app
         self.policy = build_policy(handler, Options(
@@ -76,6 +82,8 @@ class WSGIIdempotencyMiddleware:
             status_map=status_map, routes=routes, permanent=permanent,
             max_response_bytes=max_response_bytes, replay_headers=replay_headers,
             profile=profile, replay_errors=replay_errors, problem_type_base=problem_type_base,
+            on_in_progress=on_in_progress, wait_timeout=wait_timeout, on_success=on_success,
+            reuse_after=reuse_after, on_failure=on_failure,
         ))
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
@@ -246,6 +254,7 @@ class _Exchange:
         return self.policy.handler.run(
             self._body, operation=self.match.operation, tenant=tenant, key=key,
             payload=payload, permanent=is_permanent_signal, require_key=settings.require_key,
+            **settings.policies,
         )
 
     def _tenant(self) -> str | None:

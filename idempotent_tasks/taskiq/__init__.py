@@ -8,6 +8,7 @@
     async def charge(order_id: str, amount: int) -> dict: ...
 
     await charge.kicker().with_labels(**idempotency_labels(key, tenant="acme")).kiq("o-1", 100)
+    await enqueue_unique(report, 7, key="report-7", tenant="acme")  # not while one is pending
 
 The wrapper :func:`idempotent` registers runs the body through
 :meth:`IdempotencyHandler.run_async` on the worker's event loop; the
@@ -31,6 +32,7 @@ from ._delivery import IdempotencyRetry
 from ._middleware import IdempotencyMiddleware
 from ._spec import KEY_LABEL, OUTCOME_LABEL, TENANT_LABEL, idempotency_labels
 from ._task import idempotent
+from ._unique import enqueue_unique
 
 __all__ = [
     "KEY_LABEL",
@@ -38,6 +40,7 @@ __all__ = [
     "TENANT_LABEL",
     "IdempotencyMiddleware",
     "IdempotencyRetry",
+    "enqueue_unique",
     "idempotency_labels",
     "idempotent",
 ]

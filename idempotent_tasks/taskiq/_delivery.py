@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -67,6 +67,8 @@ class Delivery:
     outcome: Outcome | None = field(default=None)
     #: The worker's broker (for the span's ``messaging.system`` and destination).
     broker: Any = None
+    #: The middleware's per-operation policies (a task's own win).
+    policies: Mapping[str, Any] = field(default_factory=dict)
 
     async def run(self, spec: TaskSpec, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
@@ -83,7 +85,7 @@ class Delivery:
             self.outcome = outcome = await self.handler.run_async(
                 _body(fn, args, kwargs), operation=operation, tenant=resolved.tenant,
                 key=resolved.key, payload=resolved.payload, permanent=spec.permanent,
-                require_key=spec.require_key,
+                require_key=spec.require_key, **{**self.policies, **spec.policies},
             )
         if self.on_outcome is not None:
             self.on_outcome(message, outcome)

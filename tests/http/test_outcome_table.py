@@ -1,4 +1,4 @@
-"""The outcome table (docs/guarantees.md, "One outcome, one table"), one test per kind, for
+"""The outcome table (docs/design.md, "One outcome, one table"), one test per kind, for
 the ASGI (FastAPI) and WSGI (Flask) middlewares on every store: the status, ``Retry-After``,
 and ``request.state.idempotency.outcome`` / ``environ["idempotency"].outcome``, which is
 exactly the :class:`~idempotent_tasks.Outcome` kind."""

@@ -3,7 +3,8 @@ ports, sharing one PostgreSQL store, spoken to in raw HTTP/1.1 over sockets — 
 really send, with no test client in between: quoted and bare keys are one key on every
 server (and across servers), two ``Idempotency-Key`` fields are refused, a 5 MB body is
 protected and replayed, the IETF draft's statuses hold, and concurrent duplicates across
-the two processes run the endpoint exactly once.
+the two processes run the endpoint exactly once, and on a route with
+``on_in_progress="wait"`` a duplicate waits for the first and gets its response.
 
 The apps are in tests/http/_server_app.py (``profile="ietf"``).  The first request of the
 race is held inside its endpoint by a socket barrier (it says ``entered`` and waits for
@@ -31,6 +32,7 @@ from idempotent_tasks import SQLStore
 from idempotent_tasks.http import PROBLEM_TYPE_BASE
 
 from .._services import POSTGRES_URL, require
+from .._wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
@@ -57,11 +59,18 @@ class Stack:
     uvicorn: Server
     gunicorn: Server
     run_log: Path
+    event_log: Path
 
     def runs(self, key: str) -> list[str]:
         """The pids that executed an endpoint for ``key``."""
         lines = self.run_log.read_text().splitlines() if self.run_log.exists() else []
         return [pid for pid, _, k in (line.partition(" ") for line in lines) if k == key]
+
+    def waiting(self, key: str) -> int:
+        """How many duplicates of ``key`` the servers' handlers logged as waiting."""
+        log = self.event_log
+        lines = log.read_text().splitlines() if log.exists() else []
+        return lines.count(f"duplicate_waiting {key}")
 
 
 def _start(name: str, argv: list[str], env: dict[str, str], port: int, log: Path) -> Server:
@@ -98,6 +107,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     store.create_schema()
     env = {**os.environ, "IT_STORE_URL": POSTGRES_URL, "IT_TABLE_PREFIX": prefix,
            "IT_RUN_LOG": str(tmp / "runs.log"), "IT_PROFILE": "ietf",
+           "IT_EVENT_LOG": str(tmp / "events.log"),
            "PYTHONPATH": str(ROOT)}
     bin_dir = Path(sys.executable).parent
     uport, gport = free_port(), free_port()
@@ -111,7 +121,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             str(bin_dir / "gunicorn"), "tests.http._server_app:wsgi_app", "--bind",
             f"127.0.0.1:{gport}", "--workers", "1", "--threads", "4", "--timeout", "60",
         ], env, gport, tmp / "gunicorn.log"))
-        yield Stack(servers[0], servers[1], tmp / "runs.log")
+        yield Stack(servers[0], servers[1], tmp / "runs.log", tmp / "events.log")
     finally:
         for server in servers:
             _stop(server)
@@ -170,9 +180,10 @@ def _dechunk(data: bytes) -> bytes:
         i = end + 2 + size + 2
 
 
-def order(port: int, key_field: str | None, item: str = "1", **body: object) -> Reply:
+def order(port: int, key_field: str | None, item: str = "1", path: str = "/orders",
+          **body: object) -> Reply:
     fields = [] if key_field is None else [("Idempotency-Key", key_field)]
-    return send(port, f"/orders/{item}", fields, json.dumps({"n": 1, **body}).encode())
+    return send(port, f"{path}/{item}", fields, json.dumps({"n": 1, **body}).encode())
 
 
 def ports(stack: Stack) -> list[int]:
@@ -278,4 +289,32 @@ def test_concurrent_duplicates_across_two_processes_run_once(stack: Stack, holde
     for port in ports(stack):
         replay = order(port, key, hold=barrier.port)
         assert replay.status == 201 and replay.body == done.body
+    assert stack.runs(key) == [str(done.json()["pid"])]  # exactly one execution
+
+
+CONTENT_HEADERS = ("content-type", "content-length")
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "gunicorn"])
+def test_a_duplicate_on_a_waiting_route_gets_the_first_response(stack: Stack, server: str) -> None:
+    """``Route(..., on_in_progress="wait")``: a duplicate sent while the first request is held
+    inside its endpoint waits (its handler logs ``duplicate_waiting``) and, once the first
+    answers, gets that response's bytes — status, body, content headers — as a replay."""
+    port = getattr(stack, server).port
+    key, barrier = str(uuid.uuid4()), Barrier()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            first = pool.submit(order, port, key, path="/waited", hold=barrier.port)
+            barrier.wait_entered()  # the first request is inside its endpoint now
+            duplicate = pool.submit(order, port, key, path="/waited", hold=barrier.port)
+            wait_until(lambda: stack.waiting(key) == 1, "the duplicate to wait", IO_TIMEOUT)
+            assert not duplicate.done()  # it waits for the first, it did not answer 409
+        finally:
+            barrier.release()
+        done, waited = first.result(IO_TIMEOUT), duplicate.result(IO_TIMEOUT)
+    assert done.status == 201 and done.header("idempotent-replayed") is None
+    assert waited.status == 201 and waited.body == done.body
+    assert waited.header("idempotent-replayed") == "true"
+    for name in CONTENT_HEADERS:
+        assert waited.header(name) == done.header(name), name
     assert stack.runs(key) == [str(done.json()["pid"])]  # exactly one execution

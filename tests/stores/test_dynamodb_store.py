@@ -36,6 +36,7 @@ from idempotent_tasks.stores.dynamodb import (
 from idempotent_tasks.stores.urls import store_from_url
 from idempotent_tasks.testing import FakeClock
 
+from .._wait import budget
 from ._backends import aws_env, free_port, make_dynamodb_store, moto_endpoint, unique
 
 NOW = 1_700_000_000.0
@@ -149,8 +150,8 @@ def test_dynamodb_a_forked_child_draws_a_block_of_its_own(dynamodb_store: Dynamo
     child = ctx.Process(target=_child_tokens, args=(dynamodb_store.table_name, moto_endpoint(),
                                                     out))
     child.start()
-    theirs = out.get(timeout=60)
-    child.join(30)
+    theirs = out.get(timeout=budget(60))
+    child.join(budget(30))
     later = [claim(dynamodb_store, Scope("t", "parent", f"x{i}")).record.fencing_token
              for i in range(5)]
     assert not set(mine + later) & set(theirs)
@@ -173,9 +174,9 @@ def test_dynamodb_concurrent_claims_from_processes_have_one_winner(
              for _ in range(5)]
     for p in procs:
         p.start()
-    created = [out.get(timeout=60) for _ in procs]
+    created = [out.get(timeout=budget(60)) for _ in procs]
     for p in procs:
-        p.join(30)
+        p.join(budget(30))
     assert sorted(created) == [False] * 4 + [True]
 
 
@@ -421,8 +422,8 @@ def test_dynamodb_store_inherited_across_fork_works_in_both(dynamodb_store: Dyna
     out = ctx.Queue()
     child = ctx.Process(target=_inherited, args=(dynamodb_store, out))
     child.start()
-    child_client, created = out.get(timeout=60)
-    child.join(30)
+    child_client, created = out.get(timeout=budget(60))
+    child.join(budget(30))
     assert created and child_client != parent_client
     assert claim(dynamodb_store, Scope("t", "parent", "after")).created
     assert id(dynamodb_store.client) == parent_client

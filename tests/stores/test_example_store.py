@@ -16,6 +16,8 @@ import pytest
 
 from idempotent_tasks.testing import StoreContract
 
+from .._wait import budget
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_store"
 
 
@@ -109,7 +111,7 @@ def test_the_contract_fails_a_broken_store(flaw: str, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery",
          "-p", "no:randomly", str(suite)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=budget(300), check=False,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # 1: tests ran and some failed (not a usage error)

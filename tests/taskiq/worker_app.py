@@ -100,3 +100,12 @@ async def strict(n: int) -> None:
 @broker.task(task_name="it.ping")
 async def ping() -> str:
     return "pong"
+
+
+@broker.task(task_name="it.unique_gate")
+async def unique_gate(name: str) -> str:
+    """A plain task (unique enqueue needs no ``@idempotent``): counts its runs, then waits
+    until the test pushes to its gate."""
+    await _redis.incr(key(f"gate_runs:{name}"))
+    await _redis.blpop([key(f"gate:{name}")], timeout=60)
+    return f"gate-{name}"
