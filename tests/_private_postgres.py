@@ -8,6 +8,9 @@ temporary directory (as the ``postgres`` user when the tests run as root: ``init
 ``pg_ctl`` refuse to run as root), trust authentication, listening on 127.0.0.1 on a free port
 with a socket directory of its own, a database ``test``; started once per session by the
 :func:`private_postgres` fixture, stopped and removed at the end of the session.
+:func:`scram_postgres` is a second one whose TCP connections authenticate with scram-sha-256
+(a superuser password, ``password_encryption = 'scram-sha-256'``, ``pg_hba.conf``'s
+``host all all 127.0.0.1/32 scram-sha-256``), for the wrong-password tests.
 
 Its faults are *verified* before anyone counts them (:meth:`PrivatePostgres.restart`): a
 restart is one only when ``pg_ctl`` succeeded both ways, a connection was refused while the
@@ -87,8 +90,8 @@ def refused(port: int) -> str | None:
 class PrivatePostgres:
     """One private cluster (see the module docstring); :meth:`create` builds and starts it."""
 
-    def __init__(self, root: Path, bin_dir: Path, port: int) -> None:
-        self.root, self.bin, self.port = root, bin_dir, port
+    def __init__(self, root: Path, bin_dir: Path, port: int, password: str | None = None) -> None:
+        self.root, self.bin, self.port, self.password = root, bin_dir, port, password
         self.data = root / "data"
         self.sockets = root / "sockets"
         self.logfile = root / "postgres.log"
@@ -97,37 +100,57 @@ class PrivatePostgres:
     @property
     def url(self) -> str:
         """The SQLAlchemy URL of the ``test`` database."""
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql+psycopg://{self._user}@127.0.0.1:{self.port}/{DATABASE}"
 
     @property
     def dsn(self) -> str:
         """The libpq DSN of the ``test`` database."""
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://{self._user}@127.0.0.1:{self.port}/{DATABASE}"
+
+    @property
+    def _user(self) -> str:
+        return "postgres" if self.password is None else f"postgres:{self.password}"
 
     # -- life cycle --------------------------------------------------------------------------
     @classmethod
-    def create(cls, bin_dir: Path) -> PrivatePostgres:
+    def create(cls, bin_dir: Path, password: str | None = None) -> PrivatePostgres:
+        """A started cluster; with ``password``, TCP connections authenticate with
+        scram-sha-256 as ``postgres``/``password`` (the socket directory stays trusted)."""
         root = Path(tempfile.mkdtemp(prefix="idempotent-tasks-pg-"))
-        pg = cls(root, bin_dir, _free_port())
+        pg = cls(root, bin_dir, _free_port(), password)
         try:
             pg.sockets.mkdir()
             if os.geteuid() == 0:
                 owner = pwd.getpwnam("postgres")
                 for path in (root, pg.sockets):
                     os.chown(path, owner.pw_uid, owner.pw_gid)
-            pg._run("initdb", "-D", str(pg.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                    "--no-instructions", timeout=120)
+            pg._run("initdb", "-D", str(pg.data), "-U", "postgres", *pg._auth_args(), "-E",
+                    "UTF8", "--no-instructions", timeout=120)
             with (pg.data / "postgresql.conf").open("a", encoding="utf-8") as conf:
                 conf.write(
                     f"\nport = {pg.port}\nlisten_addresses = '127.0.0.1'\n"
                     f"unix_socket_directories = '{pg.sockets}'\nmax_connections = 300\n"
+                    "password_encryption = 'scram-sha-256'\n"
                 )
             pg.start()
-            pg._run("createdb", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", DATABASE)
+            pg._run("createdb", "-h", str(pg.sockets), "-p", str(pg.port), "-U", "postgres",
+                    DATABASE)
         except BaseException:
             pg.destroy()
             raise
         return pg
+
+    def _auth_args(self) -> list[str]:
+        """initdb's authentication: trust, or scram-sha-256 over TCP (``pg_hba.conf``:
+        ``host all all 127.0.0.1/32 scram-sha-256``) with the superuser's password."""
+        if self.password is None:
+            return ["-A", "trust"]
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(self.password + "\n", encoding="utf-8")
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+        return ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w",
@@ -216,14 +239,34 @@ class PrivatePostgres:
 def private_postgres() -> Iterator[PrivatePostgres]:
     """The session's private cluster (skipped locally, a failure under ``CI=true``, when the
     PostgreSQL server binaries are not installed)."""
+    pg = PrivatePostgres.create(_required_bindir())
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+#: The password of :func:`scram_postgres`'s superuser.
+SCRAM_PASSWORD = "right-password"
+
+
+@pytest.fixture(scope="session")
+def scram_postgres() -> Iterator[PrivatePostgres]:
+    """A private cluster whose TCP connections authenticate with scram-sha-256 (its ``url`` and
+    ``dsn`` carry :data:`SCRAM_PASSWORD`), for the wrong-password tests."""
+    pg = PrivatePostgres.create(_required_bindir(), password=SCRAM_PASSWORD)
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def _required_bindir() -> Path:
+    """Where initdb is (skipped locally, a failure under ``CI=true``, when it is not)."""
     bin_dir = bindir()
     if bin_dir is None or not (bin_dir / "initdb").exists():
         message = "PostgreSQL server binaries (initdb, pg_ctl) are not installed"
         if IN_CI:
             pytest.fail(message + " (CI=true: service-backed tests never skip)")
         pytest.skip(message)
-    pg = PrivatePostgres.create(bin_dir)
-    try:
-        yield pg
-    finally:
-        pg.destroy()
+    return bin_dir

@@ -11,7 +11,7 @@ from idempotent_tasks import MemoryStore
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock
 
-from ._private_postgres import private_postgres  # noqa: F401  (the session's own cluster)
+from ._private_postgres import private_postgres, scram_postgres  # noqa: F401  (private clusters)
 from ._services import POSTGRES_URL, REDIS_URL, require
 from ._wait import SCALE
 

@@ -263,7 +263,9 @@ def test_unknown_parks_the_scope_as_uncertain_until_resolved(store: Any, answer:
     clock.advance(3600)  # no automatic re-run, whatever time passes
     again = h.run(body, **SCOPE)
     assert (again.error_code, body.calls, len(asked)) == (ErrorCode.OUTCOME_UNCERTAIN, 0, 1)
-    assert h.get_record(**SCOPE).status is Status.UNCERTAIN
+    record = h.get_record(**SCOPE)
+    assert (record.status, record.response) == (Status.UNCERTAIN, None)  # nothing to replay
+    assert record.detail is not None and record.detail in outcome.detail  # for the operator
     finish(thread, crashed)
 
 

@@ -1,16 +1,17 @@
 """A stateful model of the store contract (stores/base.py), run against every store.
 
 Hypothesis drives random interleavings of every primitive — claims, conditional writes with
-current and stale fencing tokens, recovery, cleanup, operator actions and clock advances — on
-a few scopes, and after every step compares the store with :class:`Model`, a small
-pure-Python statement of the contract written here (not the MemoryStore, so the MemoryStore
-is checked too).  On top of the step-by-step comparison, the invariants the guarantee rests on
+current and stale fencing tokens, reopens of settled records, recovery, cleanup, operator
+actions and clock advances — on a few scopes, and after every step compares the store with
+:class:`Model`, a small pure-Python statement of the contract written here (not the
+MemoryStore, so the MemoryStore is checked too).  On top of the step-by-step comparison, the invariants the guarantee rests on
 are asserted on what the store itself returns:
 
 * at most one live owner per scope (probed with no-op heartbeats);
-* a SUCCESS record never changes until it has expired and is replaced or purged;
-* retry counters never decrease, except when an expired record is replaced, a stale counter
-  is purged, or an operator resets it;
+* a SUCCESS record never changes until it has expired and is replaced or purged, or is
+  reopened;
+* retry counters never decrease, except when an expired record is replaced, a settled one is
+  reopened, a stale counter is purged, or an operator resets it;
 * ``create`` never answers DUPLICATE with an expired record (it replaces it);
 * every new attempt's fencing token (chosen by the store) is greater than every token issued
   for its scope before, and no token is ever issued twice;
@@ -65,6 +66,8 @@ HASHES = (
 )
 KEYS = ("a", "b")
 NEVER_ISSUED = 2**62 + 12345
+#: What ``reopen`` may give to a new attempt.
+SETTLED = (Status.SUCCESS, Status.FAILED)
 
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -143,6 +146,16 @@ class Model:
         )
         return self._bump(scope, now)
 
+    def reopen(self, scope: Scope, expected: int, new: int, now: float, lease: float) -> bool:
+        """stores/reopen.py: a settled record of ``expected`` becomes a new attempt."""
+        rec = self.records.get(scope)
+        if rec is None or rec.status not in SETTLED or rec.token != expected:
+            return False
+        self.records[scope] = MRecord(Status.PROCESSING, rec.request_hash, None, new, now, now,
+                                      lease, None)
+        self.counters.pop(scope, None)
+        return True
+
     def heartbeat(self, scope: Scope, token: int, now: float, lease: float) -> bool:
         rec = self.owned(scope, token)
         if rec is None:
@@ -209,13 +222,11 @@ class Model:
     def expired(self, now: float) -> set[Scope]:
         return {s for s, r in self.records.items() if r.expired(now)}
 
-    def purge_counters(self, before: float) -> set[Scope]:
-        stale = {
+    def stale_counters(self, before: float) -> set[Scope]:
+        """The counters ``delete_expired`` may purge (it purges up to its ``limit`` of them)."""
+        return {
             s for s, c in self.counters.items() if s not in self.records and c.updated_at < before
         }
-        for s in stale:
-            del self.counters[s]
-        return stale
 
 
 def as_model(rec: StoredRecord) -> MRecord:
@@ -371,6 +382,28 @@ class StoreMachine(RuleBasedStateMachine):
         self.note_token(scope, got.token)
 
     @rule(key=scopes, pick=picks)
+    def reopen(self, key: str, pick: int) -> None:
+        """The optional primitive (every built-in store has it): a settled record of the
+        expected token only; anything else is refused and changes nothing."""
+        scope = self.scopes[key]
+        expected = self.token_for(scope, pick)
+        now, lease = self.now, self.now + LEASE
+        rec = self.model.records.get(scope)
+        before = self.snapshot()
+        got = self.store.reopen(  # type: ignore[attr-defined]
+            scope, expected_token=expected, now=now, lease_expires_at=lease
+        )
+        if rec is None or rec.status not in SETTLED or rec.token != expected:
+            assert got is None, f"reopen of {rec} with token {expected} answered {got}"
+            assert self.snapshot() == before, "a refused reopen changed the store"
+            return
+        assert got is not None, f"reopen of {rec} with its own token was refused"
+        self.model.reopen(scope, expected, got, now, lease)
+        self.note_token(scope, got)
+        self.may_decrease.add(scope)  # a new execution counts afresh
+        self.successes.pop(scope, None)  # a SUCCESS record may change by being reopened
+
+    @rule(key=scopes, pick=picks)
     def heartbeat(self, key: str, pick: int) -> None:
         scope = self.scopes[key]
         token = self.token_for(scope, pick)
@@ -484,8 +517,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(limit=st.sampled_from((1, 100)), age=st.sampled_from((-1.0, 0.0, 30.0, 100.0)))
     def delete_expired(self, limit: int, age: float) -> None:
-        """The store may pick any ``limit`` of the expired records; which ones it purged is
-        read back, and everything else must be untouched."""
+        """The store may pick any ``limit`` of the expired records (and of the stale
+        counters); which ones it purged is read back, and everything else must be
+        untouched."""
         before = self.now - age
         expired = self.model.expired(self.now)
         purged = self.store.delete_expired(now=self.now, counters_before=before, limit=limit)
@@ -494,7 +528,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert len(gone) == purged, (gone, purged)
         for scope in gone:
             del self.model.records[scope]
-        self.may_decrease |= self.model.purge_counters(before)
+        stale = self.model.stale_counters(before)
+        purged_counters = {s for s in stale if self.store.get_retry_count(s) == 0}
+        assert not stale or purged_counters, "no stale counter was purged"
+        for scope in purged_counters:
+            del self.model.counters[scope]
+        self.may_decrease |= purged_counters
 
     @precondition(lambda self: any(self.issued.values()))
     @rule(key=scopes)
@@ -656,22 +695,41 @@ class _ReusesTokens(MemoryStore):
         return 7
 
 
-class _KeepsCounterOnReplace(MemoryStore):
-    def create(
-        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
-    ) -> CreateResult:
+class _KeepsCounter(MemoryStore):
+    """Puts back the counter a call reset (the breakages below)."""
+
+    def _keeping_counter(self, scope: Scope, now: float, call: Callable[[], Any]) -> Any:
         count = self.get_retry_count(scope)
-        result = super().create(
-            scope, request_hash=request_hash, now=now, lease_expires_at=lease_expires_at,
-        )
+        result = call()
         for _ in range(count - self.get_retry_count(scope)):
             self._bump(scope, now)
         return result
 
 
+class _KeepsCounterOnReplace(_KeepsCounter):
+    def create(
+        self, scope: Scope, *, request_hash: str, now: float, lease_expires_at: float
+    ) -> CreateResult:
+        create = super().create
+        result: CreateResult = self._keeping_counter(scope, now, lambda: create(
+            scope, request_hash=request_hash, now=now, lease_expires_at=lease_expires_at))
+        return result
+
+
+class _ReopenKeepsCounter(_KeepsCounter):
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float,
+    ) -> int | None:
+        reopen = super().reopen
+        token: int | None = self._keeping_counter(scope, now, lambda: reopen(
+            scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at))
+        return token
+
+
 @pytest.mark.parametrize(
     "broken",
-    [_TakeOverIgnoresLease, _HeartbeatIgnoresToken, _KeepsCounterOnReplace, _ReusesTokens],
+    [_TakeOverIgnoresLease, _HeartbeatIgnoresToken, _KeepsCounterOnReplace, _ReusesTokens,
+     _ReopenKeepsCounter],
 )
 def test_the_model_catches_a_broken_store(broken: type[MemoryStore]) -> None:
     """The harness itself can fail: deliberately broken stores are caught (derandomized, so

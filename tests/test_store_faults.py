@@ -388,24 +388,70 @@ def test_redis_killed_mid_run_fails_closed_then_recovers(tmp_path: Path) -> None
         server.kill()
 
 
+def _sql_url(kind: str, tmp_path: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'idem.db'}"
+    if kind == "mysql":
+        from tests.stores._backends import mysql_url
+
+        return mysql_url()
+    require("postgres")
+    return POSTGRES_URL
+
+
+def _drop_counters(url: str, prefix: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE {prefix}_retry_counters"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "mysql"])
+def test_a_partly_missing_schema_is_refused_on_first_use(kind: str, tmp_path: Path) -> None:
+    """The schema is checked whole on a store's first use: with the retry counters' table
+    dropped, the first call is CONFIGURATION_ERROR naming it, before any claim is taken and
+    any body runs — not a failure after the body, when its outcome cannot be recorded."""
+    from idempotent_tasks import SQLStore
+
+    url, prefix = _sql_url(kind, tmp_path), unique_prefix()
+    SQLStore(url, table_prefix=prefix).create_schema()
+    _drop_counters(url, prefix)
+    store = SQLStore(url, table_prefix=prefix)
+    handler = IdempotencyHandler(store, metrics=None)
+    body = Body()
+    try:
+        scope = {"operation": "faults.op", "tenant": "acme", "key": "k-1"}
+        outcome = handler.run(body, **scope)
+        assert (outcome.kind, outcome.error_code) == ("rejected", ErrorCode.CONFIGURATION_ERROR)
+        assert f"{prefix}_retry_counters" in (outcome.detail or "")
+        assert body.runs == 0
+        store.create_schema()  # the fix the message names
+        assert handler.run(body, **scope).kind == "executed"
+    finally:
+        handler.close()
+        with contextlib.suppress(Exception):
+            store.drop_schema()
+        store.close()
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_failure_that_cannot_be_recorded_releases_its_claim(kind: str, tmp_path: Path) -> None:
-    """The retry counters' table was dropped: the failing body's outcome cannot be written
-    (CONFIGURATION_ERROR, the driver's reason in it), and its claim is released instead of
-    staying PROCESSING for a whole lease, so the next delivery runs instead of being refused
-    as in progress."""
-    if kind == "postgres":
-        require("postgres")
+    """The retry counters' table was dropped while the store was in use (after its first-use
+    check): the failing body's outcome cannot be written (CONFIGURATION_ERROR, the driver's
+    reason in it), and its claim is released instead of staying PROCESSING for a whole
+    lease, so the next delivery runs instead of being refused as in progress."""
     from idempotent_tasks import SQLStore
 
     prefix = unique_prefix()
-    url = f"sqlite:///{tmp_path / 'idem.db'}" if kind == "sqlite" else POSTGRES_URL
+    url = _sql_url(kind, tmp_path)
     store = SQLStore(url, table_prefix=prefix)
     store.create_schema()
     handler = IdempotencyHandler(store, metrics=None, outcome_retry_timeout=0.5)
     try:
-        with sa.create_engine(url).begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE {prefix}_retry_counters"))
+        assert store.get(Scope("acme", "faults.op", "warm-up")) is None  # the check passed
+        _drop_counters(url, prefix)
 
         def flaky() -> None:
             raise RuntimeError("transient")

@@ -6,7 +6,8 @@ SQLite support in ``SQLStore("sqlite:///…")``; this one exists to be read.
 
 * **Guarantees**: the whole store contract of ``idempotent_tasks.stores.base``: one winner per
   claim, fencing tokens monotonic per scope, every write conditional on (PROCESSING, token),
-  retry counters that outlive their records.  ``StoreContract`` checks it
+  retry counters that outlive their records; and the optional ``reopen`` (``ReopenStore``:
+  a settled record given to a new attempt).  ``StoreContract`` checks it
   (tests/stores/test_example_store.py).
 * **Atomic primitive**: each call is one ``BEGIN IMMEDIATE`` transaction.  SQLite takes its
   database-wide write lock at ``BEGIN``, so the read and the conditional write after it
@@ -14,7 +15,7 @@ SQLite support in ``SQLStore("sqlite:///…")``; this one exists to be read.
   connection behind a lock) or another process on the same file.  Check-then-act is safe
   *inside* that transaction, and only there.
 * **Fencing tokens**: one row in ``<prefix>_sequence``, advanced inside the claim's own
-  transaction (a first claim, a claim after release or expiry, a takeover).
+  transaction (a first claim, a claim after release or expiry, a takeover, a reopen).
 * **Counters**: ``<prefix>_counters``, a row per scope apart from the record; release and
   delete never touch it; replacing an expired record resets it.
 * **TTL**: none in the background.  A record with ``expires_at <= now`` counts as absent
@@ -156,6 +157,23 @@ class SQLiteStore:
             conn.execute(f"UPDATE {self.records} SET fencing_token = ?, lease_expires_at = ?, "
                          f"updated_at = ? WHERE {_SCOPE}", (token, lease_expires_at, now, *scope))
             return TakeOver(retry_count=self._bump(conn, scope, now), token=token)
+
+    def reopen(self, scope: Scope, *, expected_token: int, now: float,
+               lease_expires_at: float) -> int | None:
+        """Optional (``ReopenStore``, for the reuse policies): the settled record of
+        ``expected_token`` becomes a new attempt with a new token, its counter reset."""
+        with self._tx() as conn:
+            record = self._read(conn, scope)
+            if (record is None or record.status is Status.PROCESSING
+                    or record.fencing_token != expected_token):
+                return None
+            token = self._next_token(conn)
+            conn.execute(f"UPDATE {self.records} SET status = 'PROCESSING', response = NULL, "
+                         "fencing_token = ?, created_at = ?, updated_at = ?, "
+                         f"lease_expires_at = ?, expires_at = NULL WHERE {_SCOPE}",
+                         (token, now, now, lease_expires_at, *scope))
+            conn.execute(f"DELETE FROM {self.counters} WHERE {_SCOPE}", scope)
+            return token
 
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         return self._update_owned(scope, token, "lease_expires_at = ?, updated_at = ?",

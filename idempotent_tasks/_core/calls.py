@@ -9,13 +9,7 @@ from typing import Any
 
 from ..stores.base import TransactionalStore
 from ..typing import (
-    OnFailure,
-    OnInProgress,
-    OnStuck,
-    OnSuccess,
     Permanent,
-    Reconcile,
-    Seconds,
 )
 from .batch import Entry
 from .commands import Command
@@ -39,19 +33,12 @@ def build_flow(
     permanent: Permanent,
     transactional: bool,
     require_key: bool,
-    ttl: Seconds | None,
-    lease_timeout: Seconds | None,
-    max_retries: int | None,
-    on_stuck: OnStuck | None,
     on_loop: bool,
-    policies: dict[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None,
 ) -> Flow | Outcome:
     """The flow for one call, or the outcome its input earns without any I/O."""
     try:
-        call = engine.prepare(
-            operation, tenant, key, payload, require_key, ttl, lease_timeout, max_retries,
-            on_stuck, policies,
-        )
+        call = engine.prepare(operation, tenant, key, payload, require_key, overrides)
         if transactional or engine.io.native_async:
             refusal = transactional_refusal(engine, transactional, on_loop)
             if refusal is not None:
@@ -101,36 +88,31 @@ def batch_entry(
         call = engine.prepare(
             operation,  # type: ignore[arg-type]
             tenant, key, item.get("payload"), item.get("require_key", True),
-            item.get("ttl"), item.get("lease_timeout"), item.get("max_retries"),
-            item.get("on_stuck"), _batch_policies(item),
+            _batch_overrides(item),
         )
     except IdempotencyError as err:
         return _rejected(err, operation, tenant, key)
     return Entry(item, call.scope.operation if call else str(operation), call)
 
 
-def call_policies(
-    on_in_progress: OnInProgress | None,
-    wait_timeout: Seconds | None,
-    on_success: OnSuccess | None,
-    reuse_after: Seconds | None,
-    on_failure: OnFailure | None,
-    reconcile: Reconcile | None = None,
-) -> dict[str, Any] | None:
-    """The call site's policies, or ``None`` when it names none (the common case)."""
-    if (
-        on_in_progress is None and wait_timeout is None and on_success is None
-        and reuse_after is None and on_failure is None and reconcile is None
-    ):
-        return None
-    return {"on_in_progress": on_in_progress, "wait_timeout": wait_timeout,
-            "on_success": on_success, "reuse_after": reuse_after, "on_failure": on_failure,
-            "reconcile": reconcile}
+#: Every per-call option of ``run`` that overrides the operation's (in ``Options``' order).
+OVERRIDES = ("ttl", "lease_timeout", "max_retries", "on_stuck", *POLICY_NAMES)
+#: ``OVERRIDES`` all unset: the common case, compared as one tuple (see ``handler.run``).
+NO_OVERRIDES = (None,) * len(OVERRIDES)
 
 
-def _batch_policies(item: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A batch call's own policies (``run``'s keyword names), if it names any."""
-    named = {name: item[name] for name in POLICY_NAMES if item.get(name) is not None}
+def call_overrides(values: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The call site's options given in ``OVERRIDES`` order, as keywords; ``None`` when it
+    names none."""
+    named = {
+        name: value for name, value in zip(OVERRIDES, values, strict=True) if value is not None
+    }
+    return named or None
+
+
+def _batch_overrides(item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A batch call's own options (``run``'s keyword names), if it names any."""
+    named = {name: item[name] for name in OVERRIDES if item.get(name) is not None}
     return named or None
 
 
@@ -147,4 +129,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-__all__ = ["batch_entry", "build_flow", "call_policies", "transactional_refusal"]
+__all__ = [
+    "NO_OVERRIDES", "OVERRIDES", "batch_entry", "build_flow", "call_overrides",
+    "transactional_refusal",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..typing import OnStuck, Options, Seconds, seconds
@@ -21,7 +21,7 @@ from .instrumented import InstrumentedStore
 from .logging import Logger, default_logger
 from .metrics import Metrics, NoMetrics, default_metrics
 from .offload import DEFAULT_ASYNC_EXECUTOR_THREADS, Offloader
-from .records import Record, Scope, StoredRecord
+from .records import Record, Scope, Status, StoredRecord
 from .serialization import DEFAULT_SERIALIZER, SerializationError, Serializer, _sha256
 from .store_calls import GetRetryCount, Heartbeat
 from .tracing import unwrap
@@ -171,14 +171,11 @@ class Engine:
         key: str | None,
         payload: Any,
         require_key: bool,
-        ttl: Seconds | None = None,
-        lease_timeout: Seconds | None = None,
-        max_retries: int | None = None,
-        on_stuck: OnStuck | None = None,
-        policies: dict[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> Call | None:
         """Validate and hash; ``None`` means "run unkeyed" (no key, ``require_key=False``).
-        Runs on every delivery: the memo look-ups and the options are inlined."""
+        ``overrides``: the call site's options (``ttl``, …, the policies), ``None`` when it
+        names none.  Runs on every delivery: the memo look-ups and the options are inlined."""
         accepted = self._accepted
         op = accepted.get(operation) if type(operation) is str else None
         if op is None:
@@ -191,14 +188,8 @@ class Engine:
             t = self._validated(tenant, validate_tenant)
         scope = _new_scope(Scope, (t, op, k))
         options = self._operations.get(op, self.defaults)
-        if not (
-            ttl is None and lease_timeout is None and max_retries is None and on_stuck is None
-            and policies is None
-        ):
-            options = options.merged(
-                ttl=ttl, lease_timeout=lease_timeout, max_retries=max_retries, on_stuck=on_stuck,
-                **(policies or {}),
-            )
+        if overrides is not None:
+            options = options.merged(**overrides)
         return Call(scope, self.hash_payload(scope, payload), options)
 
     def _validated(self, value: object, validate: Callable[[object], str]) -> str:
@@ -267,8 +258,10 @@ class Engine:
             return None
 
     def to_record(self, stored: StoredRecord, retry_count: int) -> Record:
-        response = None
-        if stored.response is not None:
+        response, detail = None, None
+        if stored.status is Status.UNCERTAIN:  # its bytes are the detail (UTF-8), not a result
+            detail = (stored.response or b"").decode("utf-8", "replace")
+        elif stored.response is not None:
             try:  # without the traceparent a traced execution keeps beside it
                 response = self.serializer.loads(unwrap(stored.response)[0])
             except SerializationError:
@@ -279,7 +272,7 @@ class Engine:
             request_hash=stored.request_hash, response=response, retry_count=retry_count,
             fencing_token=stored.fencing_token, created_at=stored.created_at,
             updated_at=stored.updated_at, lease_expires_at=stored.lease_expires_at,
-            expires_at=stored.expires_at,
+            expires_at=stored.expires_at, detail=detail,
         )
 
     @staticmethod

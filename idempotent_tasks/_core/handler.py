@@ -33,7 +33,13 @@ from ..typing import (
 from . import tracing
 from .attributes import Attributes
 from .batch import Mode, execute_many
-from .calls import batch_entry, build_flow, call_policies, transactional_refusal
+from .calls import (
+    NO_OVERRIDES,
+    batch_entry,
+    build_flow,
+    call_overrides,
+    transactional_refusal,
+)
 from .commands import Command
 from .deprecated import DEPRECATED as _DEPRECATED
 from .drivers import drive, drive_async, driven, driven_async
@@ -180,15 +186,12 @@ class IdempotencyHandler(UniqueMarks, Attributes):
     ) -> Outcome:
         """Run ``fn()`` (``fn(conn)`` with ``transactional=True``) at most once per scope;
         the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
-        flow = build_flow(self._engine,
-            fn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
-            lease_timeout, max_retries, on_stuck, False,
-            None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None and reconcile is None  # inline
-            else call_policies(
-                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
-            ),
-        )
+        given = (ttl, lease_timeout, max_retries, on_stuck, on_in_progress, wait_timeout,
+                 on_success, reuse_after, on_failure, reconcile)  # in OVERRIDES' order
+        flow = build_flow(
+            self._engine, fn, operation, tenant, key, payload, permanent, transactional,
+            require_key, False, None if given == NO_OVERRIDES else call_overrides(given),
+        )  # one tuple comparison for the common case (no option at the call site)
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else drive(self._engine, flow)
@@ -220,15 +223,12 @@ class IdempotencyHandler(UniqueMarks, Attributes):
         calls are awaited on an async store (no thread hop) and run on the handler's bounded
         executor on a sync one.  ``transactional=True`` needs an ``AsyncSQLStore``: ``afn``
         then gets the transaction's ``psycopg.AsyncConnection``."""
-        flow = build_flow(self._engine,
-            afn, operation, tenant, key, payload, permanent, transactional, require_key, ttl,
-            lease_timeout, max_retries, on_stuck, True,
-            None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None and reconcile is None  # inline
-            else call_policies(
-                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
-            ),
-        )
+        given = (ttl, lease_timeout, max_retries, on_stuck, on_in_progress, wait_timeout,
+                 on_success, reuse_after, on_failure, reconcile)  # in OVERRIDES' order
+        flow = build_flow(
+            self._engine, afn, operation, tenant, key, payload, permanent, transactional,
+            require_key, True, None if given == NO_OVERRIDES else call_overrides(given),
+        )  # one tuple comparison for the common case (no option at the call site)
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             return flow if isinstance(flow, Outcome) else await drive_async(self._engine, flow)
@@ -316,15 +316,12 @@ class IdempotencyHandler(UniqueMarks, Attributes):
     ) -> T:
         """Run ``fn`` at most once per scope; replay, refuse or wait otherwise.  Raises the
         ``IdempotencyError`` of a refusal, or the body's own exception."""
-        flow = build_flow(self._engine,
-            fn, operation, tenant, key, payload, permanent, False, require_key, ttl,
-            lease_timeout, max_retries, on_stuck, False,
-            None if on_in_progress is None and wait_timeout is None and on_success is None
-            and reuse_after is None and on_failure is None and reconcile is None  # inline
-            else call_policies(
-                on_in_progress, wait_timeout, on_success, reuse_after, on_failure, reconcile
-            ),
-        )
+        given = (ttl, lease_timeout, max_retries, on_stuck, on_in_progress, wait_timeout,
+                 on_success, reuse_after, on_failure, reconcile)  # in OVERRIDES' order
+        flow = build_flow(
+            self._engine, fn, operation, tenant, key, payload, permanent, False,
+            require_key, False, None if given == NO_OVERRIDES else call_overrides(given),
+        )  # one tuple comparison for the common case (no option at the call site)
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
             outcome = flow if isinstance(flow, Outcome) else drive(self._engine, flow)

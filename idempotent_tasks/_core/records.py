@@ -74,7 +74,10 @@ class Record:
 
     ``response`` is the decoded value (what a replay returns); ``retry_count`` reads the
     counter, which lives apart from the record.  Timestamps are epoch seconds from the
-    handler's clock.
+    handler's clock.  An UNCERTAIN record has no result to replay (``response`` is ``None``):
+    ``detail`` holds why reconciliation could not tell (the ``Reconciled.unknown`` detail, or
+    the exception ``reconcile`` raised), as text, for the operator who resolves it; it is
+    ``None`` for every other status.
     """
 
     tenant: str
@@ -89,6 +92,7 @@ class Record:
     updated_at: float
     lease_expires_at: float | None
     expires_at: float | None
+    detail: str | None = None
 
 
 class CreateOutcome(enum.StrEnum):

@@ -4,7 +4,9 @@
 Subclass it and give it a store, and every rule of :mod:`idempotent_tasks.stores.base` runs
 against that store: atomic claims under concurrency, monotonic fencing, writes conditional on
 (PROCESSING, token), counters that outlive records, expiry, batches, recovery and cleanup,
-named leases, the operators' calls.  A store that breaks a rule fails at least one test.
+named leases, the operators' calls, and the optional ``reopen`` primitive
+(:mod:`idempotent_tasks.stores.reopen`; its rules are skipped on a store without it).  A
+store that breaks a rule fails at least one test.
 
 * A sync store: a fixture ``store`` (on the class, in the module or in a ``conftest.py``)
   that yields a fresh, isolated store with its schema created, and cleans up after itself.
@@ -29,6 +31,7 @@ from ._face import BlockingStore, blocking
 from ._fencing import FencingRules, RaceRules
 from ._hot_path import HotPathRules
 from ._operations import AdminRules, BatchRules, MaintenanceRules
+from ._reopen import ReopenRules
 
 
 def _blocking_store(self: Any, async_store: Any) -> Iterator[BlockingStore]:
@@ -41,7 +44,7 @@ _ASYNC_FACE = pytest.fixture(name="store")(_blocking_store)
 
 
 class StoreContract(HotPathRules, FencingRules, RaceRules, BatchRules, MaintenanceRules,
-                    AdminRules):
+                    AdminRules, ReopenRules):
     """The store contract, one test per rule; see the module docstring.
 
     ::

@@ -87,6 +87,8 @@ def record_document(record: Record, now: float) -> dict[str, Any]:
         "expires_at": record.expires_at,
         "lease": lease_state(record.status, record.lease_expires_at, now),
     }
+    if record.detail is not None:  # UNCERTAIN: why reconciliation could not tell
+        doc["detail"] = record.detail
     return with_iso(doc)
 
 
@@ -137,6 +139,8 @@ def record_table(doc: Mapping[str, Any], now: float, title: str) -> Table:
         table.add_row(name, shown)
     if "response" in doc:
         table.add_row("response", escape(_preview(doc["response"])))
+    if "detail" in doc:
+        table.add_row("detail", escape(str(doc["detail"])))
     return table
 
 

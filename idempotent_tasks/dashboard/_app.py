@@ -121,12 +121,16 @@ class Dashboard:
         )
         counts = _data.Counts.of(await _data.call(self.handler, "record_counts"))
         stuck = await _data.call(self.handler, "find_stuck_records", limit=_data.PAGE_SIZE)
+        uncertain = await _data.call(self.handler, "list_records", status=Status.UNCERTAIN,
+                                     limit=_data.PAGE_SIZE)
         now = self.handler.clock()
         more = len(listed) > _data.PAGE_SIZE
         return self.page(
             request, "index.html", title="Records", filters=filters, counts=counts,
             records=[_data.row(r, now) for r in listed[: _data.PAGE_SIZE]],
             stuck=[_data.row(r, now) for r in stuck], statuses=_data.statuses(),
+            uncertain=[_data.row(r, now) for r in uncertain],
+            uncertain_more=len(uncertain) >= _data.PAGE_SIZE,
             offset=offset, previous=_page_query(filters, max(offset - _data.PAGE_SIZE, 0)),
             next=_page_query(filters, offset + _data.PAGE_SIZE) if more else None,
         )

@@ -88,7 +88,9 @@ def detail(record: Record, now: float, *, show_response: bool) -> dict[str, Any]
         expires_at=when(record.expires_at),
         lease_expires_at=when(record.lease_expires_at),
         has_response=record.response is not None,
-        response=_pretty(record.response) if show_response else None,
+        response=_pretty(record.response) if show_response and record.response is not None
+        else None,
+        uncertain_detail=record.detail,  # UNCERTAIN: why reconciliation could not tell
     )
     return shown
 
@@ -137,8 +139,9 @@ class Action:
 class ActionLog:
     """The dashboard's own actions in this process, newest first, per scope.
 
-    The durable audit entries are the library's log lines (``unpoisoned``, ``resolved``,
-    each with its ``actor``); this is what the page can show without a log search."""
+    The durable audit entries are the library's log lines (``unpoisoned`` with its
+    ``actor``, ``uncertain_resolved`` with its ``by``); this is what the page can show
+    without a log search."""
 
     def __init__(self) -> None:
         self._entries: deque[tuple[tuple[str, str, str], Action]] = deque(maxlen=ACTION_LOG_SIZE)

@@ -1,5 +1,5 @@
 """The records in Django's admin: a read-only list and detail, and the audited "unpoison"
-action.
+and "resolve" actions.
 
 * list: filter by status, operation and tenant; search by key; newest records last (the
   store's own order);
@@ -9,7 +9,13 @@ action.
 * "Unpoison": for each selected FAILED record, ``handler.unpoison(actor="django-admin:<user>")``
   — the record is deleted and its counter reset, with the same audit log entry
   (``unpoisoned``) as ``idempotent-tasks unpoison``; other statuses are left alone.  It needs
-  the ``idempotent_tasks.unpoison_idempotencyrecord`` permission (superusers have it).
+  the ``idempotent_tasks.unpoison_idempotencyrecord`` permission (superusers have it);
+* "Resolve": for each selected UNCERTAIN record (a crashed attempt whose effect
+  reconciliation could not tell), ``handler.resolve(by="django-admin:<user>")`` with
+  ``retry=True`` (released: the next delivery runs the body) or ``fail=True`` (FAILED)
+  directly, or ``done=<result>`` after an intermediate page that asks for the result as
+  JSON — audited (``uncertain_resolved``) like ``idempotent-tasks resolve``; other statuses
+  are left alone.  It needs the ``idempotent_tasks.resolve_idempotencyrecord`` permission.
 
 Nothing else can change a record here: adding, editing and deleting are refused.  The app
 registers this on ``admin.site`` when ``django.contrib.admin`` is installed; call
@@ -24,9 +30,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db import transaction
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from .._core.errors import IdempotencyError, RecordNotFoundError
@@ -35,6 +44,9 @@ from .._core.tracing import unwrap
 from . import _settings
 
 UNPOISON_PERMISSION = "idempotent_tasks.unpoison_idempotencyrecord"
+RESOLVE_PERMISSION = "idempotent_tasks.resolve_idempotencyrecord"
+#: The intermediate page of "Resolve … as done" (the result to record, as JSON).
+RESOLVE_DONE_TEMPLATE = "admin/idempotent_tasks/resolve_done.html"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -71,11 +83,27 @@ def decoded_response(raw: bytes | None) -> str:
     return trace + json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+class ResolveDoneForm(forms.Form):  # type: ignore[misc]
+    """The result an UNCERTAIN record is resolved with: what a replay returns from then on."""
+
+    result = forms.CharField(
+        label="Result (JSON)", initial="null", widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="What the crashed attempt's body would have returned; every later "
+                  "delivery gets it replayed.",
+    )
+
+    def clean_result(self) -> Any:
+        try:
+            return json.loads(self.cleaned_data["result"])
+        except ValueError as exc:
+            raise forms.ValidationError(f"not JSON: {exc}") from exc
+
+
 class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]
     list_display = ("key", "tenant", "operation", "status", "created", "expires")
     list_filter = ("status", "operation", "tenant")
     search_fields = ("key",)
-    actions = ("unpoison",)
+    actions = ("unpoison", "resolve_done", "resolve_retry", "resolve_fail")
     fields = (
         "tenant", "operation", "key", "status", "retry_count", "fencing_token",
         "request_hash", "created", "updated", "lease_expires", "expires", "response_decoded",
@@ -105,6 +133,9 @@ class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]
     def has_unpoison_permission(self, request: Any) -> bool:
         return bool(request.user.has_perm(UNPOISON_PERMISSION))
 
+    def has_resolve_permission(self, request: Any) -> bool:
+        return bool(request.user.has_perm(RESOLVE_PERMISSION))
+
     # -- columns ----------------------------------------------------------------------------
     @_display(description="created (UTC)", ordering="created_at")
     def created(self, obj: Any) -> str:
@@ -129,30 +160,91 @@ class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]
 
     @_display(description="response (decoded)")
     def response_decoded(self, obj: Any) -> Any:
+        if obj.status == Status.UNCERTAIN.value:  # its bytes are the detail, not a result
+            detail = bytes(obj.response or b"").decode("utf-8", "replace")
+            return format_html("<pre>uncertain, no result yet: {}</pre>", detail)
         return format_html("<pre>{}</pre>", decoded_response(obj.response))
 
-    # -- the one action ---------------------------------------------------------------------
+    # -- the audited actions ----------------------------------------------------------------
     @_action(description="Unpoison the selected FAILED records", permissions=["unpoison"])
     def unpoison(self, request: Any, queryset: Any) -> None:
         handler = _settings.get_handler()
-        actor = f"django-admin:{request.user.get_username()}"
+        actor = _actor(request)
+        done, skipped = self._each(request, queryset, Status.FAILED, lambda record: (
+            handler.unpoison(operation=record.operation, tenant=record.tenant,
+                             key=record.key, actor=actor)
+        ))
+        self.message_user(request, f"unpoisoned {done} record(s) as {actor}; {skipped} "
+                          "skipped (not FAILED)", messages.SUCCESS if done else messages.WARNING)
+
+    @_action(description="Resolve the selected UNCERTAIN records: done (asks for the result)",
+             permissions=["resolve"])
+    def resolve_done(self, request: Any, queryset: Any) -> TemplateResponse | None:
+        """Django's intermediate-page pattern: the first POST (from the list) shows the form,
+        the second (``apply``) resolves with the result it carries."""
+        form = ResolveDoneForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            self._resolve(request, queryset, {"done": form.cleaned_data["result"]})
+            return None
+        if not queryset.filter(status=Status.UNCERTAIN.value).exists():
+            self.message_user(request, "none of the selected records is UNCERTAIN: nothing "
+                              "to resolve", messages.WARNING)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Resolve UNCERTAIN records as done", "opts": self.model._meta,
+            "form": form, "records": list(queryset), "uncertain": Status.UNCERTAIN.value,
+            "action": "resolve_done", "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "actor": _actor(request),
+        }
+        return TemplateResponse(request, RESOLVE_DONE_TEMPLATE, context)
+
+    @_action(description="Resolve the selected UNCERTAIN records: retry (the next delivery "
+                         "runs)", permissions=["resolve"])
+    def resolve_retry(self, request: Any, queryset: Any) -> None:
+        self._resolve(request, queryset, {"retry": True})
+
+    @_action(description="Resolve the selected UNCERTAIN records: fail (FAILED)",
+             permissions=["resolve"])
+    def resolve_fail(self, request: Any, queryset: Any) -> None:
+        self._resolve(request, queryset, {"fail": True})
+
+    def _resolve(self, request: Any, queryset: Any, given: dict[str, Any]) -> None:
+        handler = _settings.get_handler()
+        actor = _actor(request)
+        done, skipped = self._each(request, queryset, Status.UNCERTAIN, lambda record: (
+            handler.resolve(operation=record.operation, tenant=record.tenant,
+                            key=record.key, by=actor, **given)
+        ))
+        resolution = next(iter(given))
+        self.message_user(request, f"resolved {done} record(s) as {resolution} by {actor}; "
+                          f"{skipped} skipped (not UNCERTAIN)",
+                          messages.SUCCESS if done else messages.WARNING)
+
+    def _each(
+        self, request: Any, queryset: Any, status: Status, act: Callable[[Any], object]
+    ) -> tuple[int, int]:
+        """``act`` on each selected record in ``status``: (done, skipped).  A record that
+        left that status since the page was shown is skipped (the store checked it)."""
         done, skipped = 0, 0
         for record in queryset:
-            if record.status != Status.FAILED.value:
+            if record.status != status.value:
                 skipped += 1
                 continue
             try:
-                handler.unpoison(
-                    operation=record.operation, tenant=record.tenant, key=record.key, actor=actor
-                )
+                act(record)
                 done += 1
             except RecordNotFoundError:
-                skipped += 1  # gone (or no longer FAILED) since the page was shown
+                skipped += 1
             except IdempotencyError as err:
                 self.message_user(request, f"{record}: {err.code.value}: {err.message}",
                                   messages.ERROR)
-        self.message_user(request, f"unpoisoned {done} record(s) as {actor}; {skipped} "
-                          "skipped (not FAILED)", messages.SUCCESS if done else messages.WARNING)
+        return done, skipped
+
+
+def _actor(request: Any) -> str:
+    """Who acts, for the audit entry."""
+    return f"django-admin:{request.user.get_username()}"
 
 
 def register(site: admin.AdminSite) -> None:
@@ -164,4 +256,12 @@ def register(site: admin.AdminSite) -> None:
         site.register(model, RecordAdmin)
 
 
-__all__ = ["UNPOISON_PERMISSION", "RecordAdmin", "decoded_response", "register"]
+__all__ = [
+    "RESOLVE_DONE_TEMPLATE",
+    "RESOLVE_PERMISSION",
+    "UNPOISON_PERMISSION",
+    "RecordAdmin",
+    "ResolveDoneForm",
+    "decoded_response",
+    "register",
+]

@@ -20,6 +20,9 @@ from typing import Any
 from .._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
 from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 
+#: What ``reopen`` may give to a new attempt.
+_SETTLED = (Status.SUCCESS, Status.FAILED)
+
 
 @dataclasses.dataclass(slots=True)
 class _Counter:
@@ -133,10 +136,10 @@ class MemoryStore:
         with self._lock:
             record = self._records.get(scope)
             if (
-                record is None or record.status is Status.PROCESSING
+                record is None or record.status not in _SETTLED
                 or record.fencing_token != expected_token
             ):
-                return None
+                return None  # an UNCERTAIN record waits for an operator, never a new attempt
             token = self._next_token()
             self._records[scope] = StoredRecord(
                 scope, Status.PROCESSING, record.request_hash, None, token, now, now,

@@ -148,10 +148,10 @@ def test_list_rejects_an_unknown_status(seeded: Seeded) -> None:
 def test_stats_counts_by_operation_and_status(seeded: Seeded) -> None:
     doc = _json(seeded.run("stats", "--json"))
     assert doc["by_operation"] == {
-        OP: {"PROCESSING": 1, "SUCCESS": 2, "FAILED": 1},
-        OTHER_OP: {"PROCESSING": 0, "SUCCESS": 1, "FAILED": 0},
+        OP: {"PROCESSING": 1, "SUCCESS": 2, "FAILED": 1, "UNCERTAIN": 0},
+        OTHER_OP: {"PROCESSING": 0, "SUCCESS": 1, "FAILED": 0, "UNCERTAIN": 0},
     }
-    assert doc["by_status"] == {"PROCESSING": 1, "SUCCESS": 3, "FAILED": 1}
+    assert doc["by_status"] == {"PROCESSING": 1, "SUCCESS": 3, "FAILED": 1, "UNCERTAIN": 0}
     assert doc["total"] == 5
     table = seeded.run("stats")
     assert table.exit_code == 0 and OP in table.stdout and OTHER_OP in table.stdout

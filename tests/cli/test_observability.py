@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from idempotent_tasks import IdempotencyHandler, MemoryStore, PrometheusMetrics
+from idempotent_tasks import (
+    ErrorCode,
+    IdempotencyHandler,
+    MemoryStore,
+    PrometheusMetrics,
+    Reconciled,
+)
 from idempotent_tasks.metrics_server import start_metrics_server
+from idempotent_tasks.testing import FakeClock, simulate_crash
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "observability"
 METRIC = re.compile(r"\bidempotency_[a-z_]+\b")
@@ -79,6 +86,24 @@ def _fail() -> None:
     raise ValueError("bad")
 
 
+def test_marking_a_scope_uncertain_counts_it_per_operation_only() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    handler = IdempotencyHandler(MemoryStore(), metrics=PrometheusMetrics(registry), clock=clock)
+    scope = {"operation": "pay", "tenant": "tenant-secret", "key": "key-secret"}
+    simulate_crash(handler, **scope, lease_timeout=5)
+    clock.advance(6)
+    for _ in range(2):  # the marking counts; the refused duplicate after it does not
+        outcome = handler.run(lambda: 1, **scope, on_stuck="reconcile",
+                              reconcile=lambda ctx: Reconciled.unknown("pending"))
+        assert outcome.error_code == ErrorCode.OUTCOME_UNCERTAIN
+    assert registry.get_sample_value("idempotency_uncertain_total", {"operation": "pay"}) == 1
+    (family,) = [m for m in registry.collect() if m.name == "idempotency_uncertain"]
+    for sample in family.samples:
+        assert set(sample.labels) == {"operation"}, sample
+        assert not {"tenant-secret", "key-secret"} & set(sample.labels.values())
+
+
 def test_metrics_server_default_registry_and_context_manager() -> None:
     with start_metrics_server(0) as server:
         assert server.addr == "127.0.0.1"
@@ -96,7 +121,7 @@ def test_dashboard_is_valid_json_using_only_contract_metrics() -> None:
                      "idempotency_poisoned_total", "idempotency_recovered_total",
                      "idempotency_store_errors_total", "idempotency_lease_lost_total",
                      "idempotency_store_seconds_bucket", "idempotency_cleaned_total",
-                     "idempotency_cache_hits_total"):
+                     "idempotency_cache_hits_total", "idempotency_uncertain_total"):
         assert required in used
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
@@ -112,6 +137,7 @@ def test_alert_rules_are_valid_yaml_and_cover_the_failure_modes() -> None:
         "IdempotencyStuckRecordsRecovered": "idempotency_recovered_total",
         "IdempotencyStoreErrors": "idempotency_store_errors_total",
         "IdempotencyLeaseLost": "idempotency_lease_lost_total",
+        "IdempotencyOutcomeUncertain": "idempotency_uncertain_total",
     }
     for name, metric in wanted.items():
         assert metric in by_name[name]["expr"]
@@ -121,6 +147,11 @@ def test_alert_rules_are_valid_yaml_and_cover_the_failure_modes() -> None:
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
         assert rule["expr"].count("(") == rule["expr"].count(")")
+    uncertain = by_name["IdempotencyOutcomeUncertain"]
+    assert "> 0" in uncertain["expr"]  # any new UNCERTAIN record needs a person
+    assert uncertain["annotations"]["runbook_url"].endswith("#runbook-an-uncertain-record")
+    operations = (EXAMPLES.parents[1] / "docs" / "operations.md").read_text()
+    assert "\n## Runbook: an UNCERTAIN record\n" in operations  # the link's anchor
 
 
 def test_observability_doc_lists_every_metric_and_alert() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_tasks import IdempotencyHandler
+from idempotent_tasks import ErrorCode, IdempotencyHandler, Reconciled
 from idempotent_tasks.stores.base import Store
 from idempotent_tasks.testing import FakeClock, simulate_crash
 
@@ -33,6 +33,8 @@ class Population:
     poisoned: tuple[str, str, str] = ("acme", "payments.charge", "order/3 with spaces")
     stuck: tuple[str, str, str] = ("globex", "orders.ship", "ship-4")
     live: tuple[str, str, str] = ("globex", "orders.ship", "ship-5")
+    #: crashed like ``stuck``; :func:`park_uncertain` turns it UNCERTAIN
+    doubtful: tuple[str, str, str] = ("acme", "payments.refund", "refund/6")
     runs: list[str] = field(default_factory=list)
 
 
@@ -58,12 +60,28 @@ def populate(handler: IdempotencyHandler, clock: FakeClock) -> Population:
     outcome = handler.run(declined, operation=operation, tenant=tenant, key=key,
                           permanent=(CardDeclined,))
     assert outcome.kind == "poisoned"
-    tenant, operation, key = pop.stuck
-    simulate_crash(handler, operation=operation, tenant=tenant, key=key, lease_timeout=LEASE)
+    for crashed in (pop.stuck, pop.doubtful):
+        tenant, operation, key = crashed
+        simulate_crash(handler, operation=operation, tenant=tenant, key=key,
+                       lease_timeout=LEASE)
     clock.advance(LEASE + 5)
     tenant, operation, key = pop.live
     simulate_crash(handler, operation=operation, tenant=tenant, key=key, lease_timeout=LEASE)
     return pop
+
+
+UNCERTAIN_DETAIL = "processor says <pending>"
+
+
+def park_uncertain(handler: IdempotencyHandler, pop: Population) -> tuple[str, str, str]:
+    """The next delivery of the crashed ``doubtful`` scope asks ``reconcile``, which cannot
+    tell: the record becomes UNCERTAIN (on a store that keeps that status)."""
+    tenant, operation, key = pop.doubtful
+    outcome = handler.run(lambda: pop.runs.append("doubtful"), operation=operation,
+                          tenant=tenant, key=key, on_stuck="reconcile",
+                          reconcile=lambda ctx: Reconciled.unknown(UNCERTAIN_DETAIL))
+    assert outcome.error_code == ErrorCode.OUTCOME_UNCERTAIN, outcome
+    return pop.doubtful
 
 
 @pytest.fixture

@@ -19,12 +19,13 @@ import pytest
 
 from idempotent_tasks import IdempotencyHandler, Status
 from idempotent_tasks.dashboard import create_app
+from idempotent_tasks.stores.effects import UncertainStore
 from idempotent_tasks.testing import FakeClock
 
 from .._services import IN_CI
 from ..conftest import drop_store, make_store
 from ._server import serve
-from .conftest import LEASE, TOKEN, Population, populate
+from .conftest import LEASE, TOKEN, UNCERTAIN_DETAIL, Population, park_uncertain, populate
 
 CHROMIUM = os.environ.get("IDEMPOTENT_TASKS_CHROMIUM", "/usr/bin/chromium")
 #: Where ``make docs-screenshots`` asks this suite to save its screenshots.
@@ -58,10 +59,12 @@ def browser() -> Iterator[Any]:
 
 
 class Served:
-    def __init__(self, url: str, handler: IdempotencyHandler, population: Population) -> None:
+    def __init__(self, url: str, handler: IdempotencyHandler, population: Population,
+                 store: Any) -> None:
         self.url = url
         self.handler = handler
         self.population = population
+        self.store = store
 
     def record_url(self, scope: tuple[str, str, str]) -> str:
         return self.url + "/records/" + "/".join(quote(part, safe="") for part in scope)
@@ -75,7 +78,7 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
     try:
         population = populate(handler, clock)
         with serve(create_app(handler, token=TOKEN)) as url:
-            yield Served(url, handler, population)
+            yield Served(url, handler, population, store)
     finally:
         handler.close()
         drop_store(store)
@@ -125,15 +128,21 @@ def test_pages_render_and_filters_work(page: Any, served: Served) -> None:
     assert "PROCESSING" in body and "stuck: expired" in body and "Fencing token" in body
 
 
+def start_action_signing_in(page: Any, action: str) -> None:
+    """On a record's page: the action's link, the sign-in it leads to, back at its
+    confirmation step."""
+    page.get_by_role("link", name=f"{action.capitalize()}…").click()
+    page.get_by_role("link", name="Sign in with the operator token").click()
+    page.get_by_label("Operator token").fill(TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**confirm={action}")
+
+
 def test_unpoison_from_the_page_lets_the_next_delivery_run(page: Any, served: Served) -> None:
     tenant, operation, key = served.population.poisoned
     page.goto(served.record_url(served.population.poisoned))
     assert "FAILED" in page.locator("main").inner_text()
-    page.get_by_role("link", name="Unpoison…").click()
-    page.get_by_role("link", name="Sign in with the operator token").click()
-    page.get_by_label("Operator token").fill(TOKEN)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url("**confirm=unpoison")
+    start_action_signing_in(page, "unpoison")
     page.get_by_role("button", name="Confirm unpoison").click()
     page.wait_for_url("**done=unpoison")
     main = page.locator("main").inner_text()
@@ -173,3 +182,31 @@ def test_screenshots_of_the_main_pages(page: Any, served: Served, tmp_path: Path
         path = target / name
         page.screenshot(path=str(path), full_page=True)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("served", ["memory", "sqlite", "postgres"], indirect=True)
+def test_resolve_an_uncertain_record_from_the_page(page: Any, served: Served) -> None:
+    """An operator finds the UNCERTAIN record on the index, reads why on its page, signs
+    in and resolves it as done with a result, which the next delivery gets replayed."""
+    if not isinstance(served.store, UncertainStore):
+        pytest.skip(f"{type(served.store).__name__} keeps no UNCERTAIN records yet")
+    scope = park_uncertain(served.handler, served.population)
+    tenant, operation, key = scope
+    page.goto(served.url + "/")
+    assert key in page.locator("#uncertain ~ table").first.inner_text()
+    page.get_by_role("link", name=key).first.click()
+    page.wait_for_url(served.record_url(scope))
+    main = page.locator("main").inner_text()
+    assert "UNCERTAIN" in main and UNCERTAIN_DETAIL in main
+    start_action_signing_in(page, "resolve")
+    page.get_by_role("radio", name="done — record it as SUCCESS").check()
+    page.get_by_role("textbox", name="Result (JSON)").fill('{"refunded": 100}')
+    page.get_by_role("button", name="Confirm resolve").click()
+    page.wait_for_url("**done=resolve")
+    main = page.locator("main").inner_text()
+    assert "resolved as done" in main and "dashboard:127.0.0.1" in main
+    assert "UNCERTAIN" not in page.locator("dl.fields").inner_text()
+
+    outcome = served.handler.run(lambda: "refunded twice", operation=operation,
+                                 tenant=tenant, key=key)
+    assert (outcome.kind, outcome.result) == ("replayed", {"refunded": 100})

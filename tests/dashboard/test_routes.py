@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from idempotent_tasks import IdempotencyHandler, Status
 from idempotent_tasks.dashboard import TOKEN_ENV, create_app
 
-from .conftest import TOKEN, Population, csrf_of
+from .conftest import TOKEN, Population, csrf_of, park_uncertain
 
 
 def path_of(scope: tuple[str, str, str]) -> str:
@@ -211,53 +211,136 @@ def test_unpoisoning_a_record_that_is_not_failed_changes_nothing(
     assert record is not None and record.status is Status.SUCCESS
 
 
-def test_resolve_without_handler_support_is_501(client: TestClient,
-                                                population: Population) -> None:
+class WithoutResolve:
+    """A handler as an app might wrap it, forwarding everything but ``resolve`` (as before
+    the UNCERTAIN status): the dashboard must say it cannot resolve, not fail."""
+
+    def __init__(self, handler: IdempotencyHandler) -> None:
+        self._handler = handler
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("resolve", "resolve_async"):
+            raise AttributeError(name)
+        return getattr(self._handler, name)
+
+
+@pytest.fixture
+def uncertain(handler: IdempotencyHandler, population: Population) -> tuple[str, str, str]:
+    return park_uncertain(handler, population)
+
+
+def test_resolve_without_handler_support_is_501(
+    handler: IdempotencyHandler, uncertain: tuple[str, str, str]
+) -> None:
+    client = TestClient(create_app(WithoutResolve(handler), token=TOKEN))  # type: ignore[arg-type]
+    page = client.get(path_of(uncertain) + "?confirm=resolve")
+    assert "cannot resolve UNCERTAIN records" in page.text and "Confirm resolve" not in page.text
     sign_in(client)
     csrf = csrf_of(client.get("/login").text)
-    answer = client.post(path_of(population.stuck) + "/resolve",
+    answer = client.post(path_of(uncertain) + "/resolve",
                          data={"csrf_token": csrf, "outcome": "retry"})
     assert answer.status_code == 501 and "resolve()" in answer.text
+    tenant, operation, key = uncertain
+    record = handler.get_record(operation=operation, tenant=tenant, key=key)
+    assert record is not None and record.status is Status.UNCERTAIN
 
 
-class ResolvingHandler(IdempotencyHandler):
-    """A handler with the ``resolve`` call the UNCERTAIN status brings (recorded here)."""
-
-    calls: list[dict[str, Any]]
-
-    def resolve(self, **kwargs: Any) -> None:
-        self.calls.append(kwargs)
-
-
-@pytest.mark.parametrize(("form", "expected"), [
-    ({"outcome": "done", "result": '{"charged": 100}'}, {"done": {"charged": 100}}),
-    ({"outcome": "retry"}, {"retry": True}),
-    ({"outcome": "fail"}, {"fail": True}),
-])
-def test_resolve_calls_the_handler_with_the_actor(
-    dash_store: Any, clock: Any, form: dict[str, str], expected: dict[str, Any]
+def test_uncertain_records_are_counted_filtered_and_listed_apart(
+    client: TestClient, population: Population, uncertain: tuple[str, str, str]
 ) -> None:
-    handler = ResolvingHandler(dash_store, clock=clock, metrics=None)
-    handler.calls = []
-    client = TestClient(create_app(handler, token=TOKEN))
+    page = client.get("/")
+    counts = page.text.split('id="counts"')[1].split("</table>")[0]
+    assert '<a href="/?status=UNCERTAIN">1</a>' in counts
+    section = page.text.split('id="uncertain"')[1].split('id="list"')[0]
+    assert path_of(uncertain) in section and path_of(population.stuck) not in section
+    listed = client.get("/?status=UNCERTAIN").text.split('id="list"')[1]
+    assert path_of(uncertain) in listed and path_of(population.stuck) not in listed
+    assert path_of(uncertain) not in client.get("/?status=PROCESSING").text.split('id="list"')[1]
+
+
+def test_an_uncertain_record_shows_why_and_no_result(
+    client: TestClient, uncertain: tuple[str, str, str]
+) -> None:
+    page = client.get(path_of(uncertain) + "?show=response")
+    assert page.status_code == 200 and "UNCERTAIN" in page.text
+    why = page.text.split("Why it is uncertain")[1].split("</dd>")[0]
+    assert "processor says &lt;pending&gt;" in why  # the stored detail, escaped
+    stored = page.text.split("Stored result")[1].split("</dd>")[0]
+    assert "none" in stored and "<pre>" not in stored
+    assert "Resolve…" in page.text
+
+
+def test_resolve_done_after_the_confirmation_replays_the_given_result(
+    client: TestClient, handler: IdempotencyHandler, population: Population,
+    uncertain: tuple[str, str, str], caplog: pytest.LogCaptureFixture,
+) -> None:
+    tenant, operation, key = uncertain
+    sign_in(client, path_of(uncertain) + "?confirm=resolve")
+    confirm = client.get(path_of(uncertain) + "?confirm=resolve")
+    assert "Confirm resolve" in confirm.text
+    with caplog.at_level(logging.WARNING, logger="idempotent_tasks"):
+        done = client.post(path_of(uncertain) + "/resolve", data={
+            "csrf_token": csrf_of(confirm.text), "outcome": "done",
+            "result": '{"refunded": 100}'})
+    assert done.status_code == 200 and "Resolved: resolved as done" in done.text
+    assert "dashboard:testclient" in done.text
+    audit = [r for r in caplog.records if r.getMessage().startswith("uncertain_resolved")]
+    assert len(audit) == 1
+    fields = audit[0].idempotency  # type: ignore[attr-defined]
+    assert (fields["by"], fields["resolution"], fields["key"]) == (
+        "dashboard:testclient", "done", key)
+    outcome = handler.run(lambda: population.runs.append("again"), operation=operation,
+                          tenant=tenant, key=key)
+    assert (outcome.kind, outcome.result) == ("replayed", {"refunded": 100})
+    assert "doubtful" not in population.runs and "again" not in population.runs
+
+
+@pytest.mark.parametrize(("outcome", "status_after", "next_kind"), [
+    ("retry", None, "executed"),
+    ("fail", Status.FAILED, "poisoned"),
+])
+def test_resolve_retry_or_fail(
+    client: TestClient, handler: IdempotencyHandler, population: Population,
+    uncertain: tuple[str, str, str], outcome: str, status_after: Status | None,
+    next_kind: str,
+) -> None:
+    tenant, operation, key = uncertain
     sign_in(client)
-    form = {**form, "csrf_token": csrf_of(client.get("/login").text)}
-    answer = client.post("/records/acme/orders.ship/k1/resolve", data=form,
-                         follow_redirects=False)
-    assert answer.status_code == 303
-    assert handler.calls == [{"operation": "orders.ship", "tenant": "acme", "key": "k1",
-                              "by": "dashboard:testclient", **expected}]
+    csrf = csrf_of(client.get("/login").text)
+    done = client.post(path_of(uncertain) + "/resolve", follow_redirects=False,
+                       headers={"Authorization": f"Bearer {TOKEN}"},
+                       data={"csrf_token": csrf, "outcome": outcome})
+    assert done.status_code == 303
+    record = handler.get_record(operation=operation, tenant=tenant, key=key)
+    assert (None if record is None else record.status) == status_after
+    delivery = handler.run(lambda: "ran again", operation=operation, tenant=tenant, key=key)
+    assert delivery.kind == next_kind
+    assert population.runs.count("doubtful") == 0
 
 
 @pytest.mark.parametrize("form", [{"outcome": "maybe"}, {"outcome": "done", "result": "{no"}])
-def test_resolve_refuses_a_bad_form(dash_store: Any, clock: Any, form: dict[str, str]) -> None:
-    handler = ResolvingHandler(dash_store, clock=clock, metrics=None)
-    handler.calls = []
-    client = TestClient(create_app(handler, token=TOKEN))
+def test_resolve_refuses_a_bad_form(client: TestClient, handler: IdempotencyHandler,
+                                    uncertain: tuple[str, str, str],
+                                    form: dict[str, str]) -> None:
     sign_in(client)
     form = {**form, "csrf_token": csrf_of(client.get("/login").text)}
-    assert client.post("/records/acme/orders.ship/k1/resolve", data=form).status_code == 400
-    assert handler.calls == []
+    assert client.post(path_of(uncertain) + "/resolve", data=form).status_code == 400
+    tenant, operation, key = uncertain
+    record = handler.get_record(operation=operation, tenant=tenant, key=key)
+    assert record is not None and record.status is Status.UNCERTAIN
+
+
+def test_resolving_what_is_not_uncertain_is_404(client: TestClient,
+                                                handler: IdempotencyHandler,
+                                                population: Population) -> None:
+    sign_in(client)
+    csrf = csrf_of(client.get("/login").text)
+    refused = client.post(path_of(population.poisoned) + "/resolve",
+                          data={"csrf_token": csrf, "outcome": "retry"})
+    assert refused.status_code == 404 and "no UNCERTAIN record" in refused.text
+    tenant, operation, key = population.poisoned
+    record = handler.get_record(operation=operation, tenant=tenant, key=key)
+    assert record is not None and record.status is Status.FAILED
 
 
 def test_mounted_inside_another_app(handler: IdempotencyHandler,

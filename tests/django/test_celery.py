@@ -24,6 +24,7 @@ from idempotent_tasks.celery import setup
 from idempotent_tasks.django import get_handler
 from tests._services import RABBITMQ_URL, require
 
+from .._wait import budget
 from .project.celery_app import app
 from .project.orders.models import Charge
 from .project.orders.tasks import charge, charge_then_fail
@@ -34,7 +35,7 @@ LEASE = 2.0
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll a condition another thread or process makes true (bounded; fails loudly)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while True:
         value = predicate()
         if value:
@@ -64,7 +65,7 @@ def worker(alias: str) -> Iterator[None]:
     app.conf.broker_heartbeat = 0  # the embedded worker then stops in ~1 s instead of ~10 s
     try:
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                          shutdown_timeout=30, loglevel="CRITICAL"):
+                          shutdown_timeout=budget(30), loglevel="CRITICAL"):
             yield
     finally:
         delete_queue()
@@ -132,7 +133,7 @@ def test_a_worker_sigkilled_inside_the_body_leaves_exactly_one_row(
         assert inside and int((tmp_path / "inside-1").read_text()) == workers[0].pid
         assert Charge.objects.count() == 0  # written inside the body, not committed
         os.killpg(workers[0].pid, signal.SIGKILL)  # mid-body: no cleanup of any kind runs
-        workers[0].wait(10)
+        workers[0].wait(budget(10))
         assert Charge.objects.count() == 0  # died with its transaction
         held = get_handler().get_record(operation="orders.charge", tenant="acme", key=key)
         assert held is not None and held.status is Status.PROCESSING
@@ -148,5 +149,5 @@ def test_a_worker_sigkilled_inside_the_body_leaves_exactly_one_row(
         for process in workers:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+                process.wait(budget(10))
         delete_queue(env["IDEM_DJANGO_QUEUE"])

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 from .._services import private_vhost, require
+from .._wait import budget
 from ..test_docs import _AMQP, ROOT, Block, parse_blocks, worker_process
 
 PAGE = ROOT / "docs" / "django.md"
@@ -44,7 +45,7 @@ SHIPPED = textwrap.dedent("""
         record = get_handler().get_record(operation=operation, tenant="acme", key=key)
         return record is not None and record.status.value == "SUCCESS"
 
-    give_up = time.monotonic() + 90
+    give_up = time.monotonic() + GIVE_UP_SECONDS
     while not shipped("o-42", "orders.ship_order", "ship-o-42") and time.monotonic() < give_up:
         time.sleep(0.2)
     while Shipment.objects.filter(order__order_id="o-1").count() == 0 \\
@@ -52,7 +53,7 @@ SHIPPED = textwrap.dedent("""
         time.sleep(0.2)
     counts = {o: Shipment.objects.filter(order__order_id=o).count() for o in ("o-42", "o-1")}
     assert counts == {"o-42": 1, "o-1": 1}, counts
-""")
+""").replace("GIVE_UP_SECONDS", repr(budget(90)))  # the test budget, read here: a subprocess runs it
 
 
 def _blocks() -> list[Block]:
@@ -64,7 +65,7 @@ def _run(project: Path, *argv: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.run(list(argv), cwd=project, env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=budget(120), check=False)
     assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
 

@@ -19,6 +19,7 @@ from idempotent_tasks.django import DjangoStore, get_handler
 from idempotent_tasks.http import HTTPRequest, default_payload
 from idempotent_tasks.testing import FakeClock, FaultyStore, simulate_crash
 
+from .._wait import budget
 from .conftest import idempotency_settings
 from .project import views
 from .project.orders.models import Charge
@@ -150,7 +151,7 @@ def test_the_context_is_on_the_request(script: views.Script) -> None:
 
 def test_an_in_progress_duplicate_is_409_with_retry_after(script: views.Script) -> None:
     inside, release = threading.Event(), threading.Event()
-    script.gate = lambda: (inside.set(), release.wait(20))  # type: ignore[func-returns-value]
+    script.gate = lambda: (inside.set(), release.wait(budget(20)))  # type: ignore[func-returns-value]
     key, out = new_key(), []
 
     def first() -> None:
@@ -164,13 +165,13 @@ def test_an_in_progress_duplicate_is_409_with_retry_after(script: views.Script) 
     t = threading.Thread(target=first)
     t.start()
     try:
-        assert inside.wait(20)
+        assert inside.wait(budget(20))
         busy = post(Client(), "/orders/7", key)
         assert busy.status_code == 409 and code(busy) == "REQUEST_IN_PROGRESS"
         assert busy["Retry-After"] == "1"
     finally:
         release.set()
-        t.join(20)
+        t.join(budget(20))
     assert out == [201] and script.runs == 1
 
 
@@ -322,5 +323,5 @@ def end_store_threads() -> None:
     _settings.forget_handler()
     for thread in threading.enumerate():
         if thread.name.startswith("idempotent-tasks-io"):
-            thread.join(10)
+            thread.join(budget(10))
     gc.collect()

@@ -16,6 +16,7 @@ from idempotent_tasks.django import DjangoStore
 from idempotent_tasks.enqueue import enqueue_once
 from idempotent_tasks.testing import FakeClock
 
+from .._wait import budget
 from .conftest import on_databases
 from .project.orders.models import Charge
 
@@ -68,7 +69,7 @@ def test_the_claim_commits_before_the_body_runs(alias: str) -> None:
         Charge.objects.create(order_id="o2", amount=1)
         other = threading.Thread(target=look)
         other.start()
-        other.join(20)
+        other.join(budget(20))
         return "done"
 
     assert h.execute_in_transaction(body, operation="pay", tenant="t", key="k2") == "done"
@@ -251,7 +252,7 @@ def test_a_stale_owner_is_rolled_back_and_answers_as_a_duplicate(alias: str) -> 
     def stale(conn: Any) -> str:
         Charge.objects.create(order_id="stale", amount=1)
         started.set()
-        assert release.wait(20)
+        assert release.wait(budget(20))
         return "stale"
 
     def run_stale() -> None:
@@ -263,7 +264,7 @@ def test_a_stale_owner_is_rolled_back_and_answers_as_a_duplicate(alias: str) -> 
     t = threading.Thread(target=run_stale)
     try:
         t.start()
-        assert started.wait(20)
+        assert started.wait(budget(20))
         clock.advance(31)  # the stale owner is paused past its lease
         fresh = h.execute_in_transaction(
             lambda conn: Charge.objects.create(order_id="fresh", amount=1) and "fresh",
@@ -271,14 +272,14 @@ def test_a_stale_owner_is_rolled_back_and_answers_as_a_duplicate(alias: str) -> 
         )
         assert fresh == "fresh"
         release.set()
-        t.join(20)
+        t.join(budget(20))
         assert out == ["fresh"]  # the winner's result, not its own
         assert charges() == [("fresh", 1)]
         record = h.get_record(operation="pay", tenant="t", key="k")
         assert record is not None and record.retry_count == 1
     finally:
         release.set()
-        t.join(20)
+        t.join(budget(20))
 
 
 @pytest.mark.parametrize("alias", on_databases("default"), indirect=True)

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests._services import IN_CI, reachable
+from tests._wait import budget
 
 MARIADB_HOST = os.environ.get("IDEMPOTENT_TASKS_TEST_MARIADB_HOST", "127.0.0.1")
 MARIADB_PORT = int(os.environ.get("IDEMPOTENT_TASKS_TEST_MARIADB_PORT", "3306"))
@@ -103,7 +104,7 @@ class MotoServer:
              str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **aws_env()},
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + budget(30)
         while not reachable(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -114,10 +115,10 @@ class MotoServer:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(budget(10))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(10)
+                self.proc.wait(budget(10))
         self._log.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 

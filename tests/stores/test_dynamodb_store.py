@@ -36,6 +36,7 @@ from idempotent_tasks.stores.dynamodb import (
 from idempotent_tasks.stores.urls import store_from_url
 from idempotent_tasks.testing import FakeClock
 
+from .._wait import budget
 from ._backends import aws_env, free_port, make_dynamodb_store, moto_endpoint, unique
 
 NOW = 1_700_000_000.0
@@ -149,8 +150,8 @@ def test_dynamodb_a_forked_child_draws_a_block_of_its_own(dynamodb_store: Dynamo
     child = ctx.Process(target=_child_tokens, args=(dynamodb_store.table_name, moto_endpoint(),
                                                     out))
     child.start()
-    theirs = out.get(timeout=60)
-    child.join(30)
+    theirs = out.get(timeout=budget(60))
+    child.join(budget(30))
     later = [claim(dynamodb_store, Scope("t", "parent", f"x{i}")).record.fencing_token
              for i in range(5)]
     assert not set(mine + later) & set(theirs)
@@ -173,9 +174,9 @@ def test_dynamodb_concurrent_claims_from_processes_have_one_winner(
              for _ in range(5)]
     for p in procs:
         p.start()
-    created = [out.get(timeout=60) for _ in procs]
+    created = [out.get(timeout=budget(60)) for _ in procs]
     for p in procs:
-        p.join(30)
+        p.join(budget(30))
     assert sorted(created) == [False] * 4 + [True]
 
 
@@ -192,6 +193,35 @@ def test_dynamodb_counter_item_outlives_its_record(dynamodb_store: DynamoDBStore
     assert tombstone is not None and set(tombstone) == {"pk", "tk", "gc"}
     counter = raw_item(dynamodb_store, keys.counter(digest))
     assert counter is not None and counter["n"] == {"N": "1"}
+
+
+def test_dynamodb_reopen_is_one_transaction_of_the_record_and_its_counter(
+    dynamodb_store: DynamoDBStore,
+) -> None:
+    """One ``TransactWriteItems``: the record back in the PROCESSING index partition (no
+    response, no expiry) and the counter item deleted; a store whose block is older than the
+    settled attempt's token draws a newer block, so the token still grows."""
+    keys, digest = dynamodb_store._keys, dynamodb_store._keys.digest(S)
+    claim(dynamodb_store, Scope("t", "o", "warm"))  # this store's block first, then other's
+    other = DynamoDBStore(dynamodb_store.table_name, endpoint_url=moto_endpoint(),
+                          region_name="us-east-1", index_shards=1)
+    token = claim(other).record.fencing_token
+    failed = other.record_failure(S, token=token, now=NOW, max_retries=1, expires_at=NOW + 9)
+    assert failed is not None and failed.poisoned
+    seen = Requests(dynamodb_store.client)
+    reopened: list[int | None] = []
+    names = seen.during(lambda: reopened.append(dynamodb_store.reopen(
+        S, expected_token=token, now=NOW + 5, lease_expires_at=NOW + 35)))
+    assert names == ["UpdateItem", "PutItem", "TransactWriteItems"]  # a new block, then it
+    assert reopened[0] is not None and reopened[0] > token
+    item = raw_item(dynamodb_store, keys.record(digest))
+    assert item is not None and "rs" not in item and "ex" not in item
+    assert item["gp"] == keys.status_partition(Status.PROCESSING, digest)
+    assert item["gs"] == {"N": repr(NOW + 5)} and item["le"] == {"N": repr(NOW + 35)}
+    assert raw_item(dynamodb_store, keys.counter(digest)) is None
+    assert seen.during(lambda: dynamodb_store.reopen(
+        S, expected_token=token, now=NOW + 6, lease_expires_at=NOW + 36)) == ["TransactWriteItems"]
+    other.close()
 
 
 def test_dynamodb_ttl_attribute_is_garbage_collection_beyond_the_logical_end(
@@ -392,8 +422,8 @@ def test_dynamodb_store_inherited_across_fork_works_in_both(dynamodb_store: Dyna
     out = ctx.Queue()
     child = ctx.Process(target=_inherited, args=(dynamodb_store, out))
     child.start()
-    child_client, created = out.get(timeout=60)
-    child.join(30)
+    child_client, created = out.get(timeout=budget(60))
+    child.join(budget(30))
     assert created and child_client != parent_client
     assert claim(dynamodb_store, Scope("t", "parent", "after")).created
     assert id(dynamodb_store.client) == parent_client

@@ -16,6 +16,8 @@ import pytest
 
 from idempotent_tasks.testing import StoreContract
 
+from .._wait import budget
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_store"
 
 
@@ -62,6 +64,19 @@ BROKEN = {
         """,
         "test_take_over_needs_expired_lease_and_expected_token",
     ),
+    "reopen_keeps_the_counter": (
+        """
+        def reopen(self, scope, *, expected_token, now, lease_expires_at):
+            count = self.get_retry_count(scope)
+            token = super().reopen(scope, expected_token=expected_token, now=now,
+                                   lease_expires_at=lease_expires_at)
+            with self._tx() as conn:  # breaks: a new execution must count afresh
+                conn.execute(f"INSERT INTO {self.counters} VALUES (?, ?, ?, ?, ?)",
+                             (*scope, count, now))
+            return token
+        """,
+        "test_reopen_gives_a_success_record_to_a_new_attempt",
+    ),
 }
 
 SUITE = '''
@@ -96,7 +111,7 @@ def test_the_contract_fails_a_broken_store(flaw: str, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery",
          "-p", "no:randomly", str(suite)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=budget(300), check=False,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # 1: tests ran and some failed (not a usage error)

@@ -32,6 +32,7 @@ from idempotent_tasks.stores.sql._mysql_setup import mysql_ddl
 from idempotent_tasks.stores.urls import store_from_url
 from idempotent_tasks.testing import FakeClock
 
+from .._wait import budget
 from ._backends import free_port, make_mysql_store, mariadb_admin, mysql_url, unique
 
 NOW = 1_700_000_000.0
@@ -194,9 +195,9 @@ def test_mysql_concurrent_claims_from_processes_have_one_winner(mysql_store: SQL
                for _ in range(procs)]
     for w in workers:
         w.start()
-    answers = [out.get(timeout=120) for _ in workers]
+    answers = [out.get(timeout=budget(120)) for _ in workers]
     for w in workers:
-        w.join(30)
+        w.join(budget(30))
     assert all(kind == "ok" for kind, _ in answers), answers
     won = [k for _, keys in answers for k, _tok in keys if not k.endswith("-n")]
     assert sorted(won) == sorted(f"r{r}" for r in range(rounds))

@@ -27,6 +27,7 @@ from idempotent_tasks._core.records import Scope
 from idempotent_tasks.stores.base import ClaimRequest, Store
 from idempotent_tasks.stores.redis import RedisStore
 
+from .._wait import budget
 from . import test_store_contract as contract
 from .test_redis_store import free_port, start_redis, stop_redis, wait_until
 
@@ -85,7 +86,7 @@ def cluster_ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
         subprocess.run(
             ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0",
              "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            check=True, capture_output=True, timeout=budget(60),
         )  # fmt: skip
         for port in ports:
             wait_until(partial(_cluster_ok, port), f"cluster node {port} not ok", timeout=30)
@@ -174,7 +175,7 @@ class _OnALoop:
         self._thread.start()
 
     def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(budget(60))
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -184,7 +185,7 @@ class _OnALoop:
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join(budget(10))
         self.loop.close()
 
 

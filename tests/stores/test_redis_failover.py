@@ -49,6 +49,8 @@ from idempotent_tasks.stores.base import ClaimRequest, SuccessWrite
 from tests._proxy import TCPProxy
 from tests.test_model import SETTINGS, StoreMachine
 
+from .._wait import budget
+
 pytestmark = pytest.mark.redis
 
 HOLD = 3600.0  # the proxy's latency while it holds the replication link: "never"
@@ -68,7 +70,7 @@ def free_port() -> int:
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
@@ -116,9 +118,9 @@ class Server:
         """SIGKILL, verified: the process died of it and the port refuses connections."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
-        assert self.proc.wait(10) == -signal.SIGKILL
+        assert self.proc.wait(budget(10)) == -signal.SIGKILL
         with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            socket.create_connection(("127.0.0.1", self.port), timeout=budget(1)).close()
 
     def promote(self) -> None:
         """``REPLICAOF NO ONE``, verified: the server now reports itself a master."""
@@ -129,7 +131,7 @@ class Server:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(budget(10))
 
 
 @dataclass
@@ -203,7 +205,7 @@ class Body:
     def __call__(self) -> str:
         self.runs.append(self.name)
         self.started.set()
-        assert self.finish.wait(30)
+        assert self.finish.wait(budget(30))
         return self.name
 
 
@@ -233,7 +235,7 @@ def test_failover_without_wait_replicas_loses_the_claim_and_the_body_runs_twice(
     pair.hold_link()
     body = Body("worker-1", runs)
     thread, _ = in_thread(first, body, key)
-    assert body.started.wait(10)  # claimed on the primary; the body is running
+    assert body.started.wait(budget(10))  # claimed on the primary; the body is running
     on_replica = pair.handler(pair.replica)
     assert on_replica.get_record(operation="pay", tenant="acme", key=key) is None
     pair.fail_over()
@@ -245,7 +247,7 @@ def test_failover_without_wait_replicas_loses_the_claim_and_the_body_runs_twice(
     assert outcome.kind == "executed"
     assert runs == ["worker-1", "worker-2"]  # the double run
     body.finish.set()
-    thread.join(10)
+    thread.join(budget(10))
     assert commands_sent(pair.replica, "wait") == 0  # wait_replicas=0 sends no WAIT at all
 
 
@@ -258,7 +260,7 @@ def test_failover_with_wait_replicas_keeps_the_claim(pair: Pair) -> None:
     pair.link.set_latency(SLOW)
     body = Body("worker-1", runs)
     thread, outcomes = in_thread(first, body, key)
-    assert body.started.wait(10)  # acknowledged: the replica has confirmed the claim
+    assert body.started.wait(budget(10))  # acknowledged: the replica has confirmed the claim
     on_replica = pair.handler(pair.replica).get_record(operation="pay", tenant="acme", key=key)
     assert on_replica is not None and on_replica.status.value == "PROCESSING"
     pair.fail_over()
@@ -269,7 +271,7 @@ def test_failover_with_wait_replicas_keeps_the_claim(pair: Pair) -> None:
     assert outcome.error_code is ErrorCode.REQUEST_IN_PROGRESS
     assert runs == ["worker-1"]
     body.finish.set()  # its primary is gone: the SUCCESS cannot be written
-    thread.join(10)
+    thread.join(budget(10))
     assert outcomes[0].error_code is ErrorCode.OUTCOME_NOT_RECORDED
 
 
@@ -301,10 +303,10 @@ def test_a_success_the_replica_does_not_confirm_is_not_recorded(pair: Pair) -> N
     first = pair.handler(pair.primary, wait_replicas=1, wait_timeout=CONFIRMED)
     body = Body("worker-1", runs)
     thread, outcomes = in_thread(first, body, key)
-    assert body.started.wait(10)
+    assert body.started.wait(budget(10))
     pair.hold_link()
     body.finish.set()
-    thread.join(10)
+    thread.join(budget(10))
     assert outcomes[0].kind == "store_unavailable"
     assert outcomes[0].error_code is ErrorCode.OUTCOME_NOT_RECORDED
     on_primary = first.get_record(operation="pay", tenant="acme", key=key)
@@ -411,6 +413,25 @@ def test_every_write_the_replica_does_not_confirm_is_refused(pair: Pair) -> None
     assert waiting.release(s[5], token=1) is False  # a refused write: as usual
 
 
+def test_a_reopen_the_replica_does_not_confirm_is_refused_and_withdrawn(pair: Pair) -> None:
+    """``reopen`` is a claim too: unconfirmed, it is STORE_UNAVAILABLE and withdrawn (the new
+    attempt released with its own token), so the redelivery claims the scope afresh; a
+    refused reopen wrote nothing and is answered as usual."""
+    plain = pair.store(pair.primary)
+    waiting = pair.store(pair.primary, wait_replicas=1, wait_timeout=WAIT_TIMEOUT)
+    pair.hold_link()
+    now = time.time()
+    scope = Scope("acme", "pay", f"reopen-{uuid.uuid4().hex[:6]}")
+    token = plain.create(scope, request_hash="h", now=now, lease_expires_at=now + 30
+                         ).record.fencing_token
+    assert plain.mark_success(scope, token=token, response=b"r", now=now, expires_at=now + 60)
+    assert waiting.reopen(scope, expected_token=token + 1, now=now,
+                          lease_expires_at=now + 30) is None  # refused: as usual
+    with pytest.raises(StoreUnavailableError, match="1 claim"):
+        waiting.reopen(scope, expected_token=token, now=now, lease_expires_at=now + 30)
+    assert plain.get(scope) is None and plain.get_retry_count(scope) == 0
+
+
 # -- clients managed by Sentinel ------------------------------------------------------------
 @pytest.fixture
 def sentinel_port(tmp_path: Path) -> Iterator[int]:
@@ -436,7 +457,7 @@ def sentinel_port(tmp_path: Path) -> Iterator[int]:
         yield port
     finally:
         proc.kill()
-        proc.wait(10)
+        proc.wait(budget(10))
         primary.stop()
 
 
@@ -516,5 +537,5 @@ def test_the_async_store_waits_for_replicas_the_same_way(pair: Pair) -> None:
             await healthy.close()
             await short.close()
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    asyncio.run(asyncio.wait_for(main(), budget(60)))
     assert pair.replica.info()["role"] == "slave"

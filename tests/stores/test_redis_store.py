@@ -33,6 +33,7 @@ from idempotent_tasks.stores.base import ClaimRequest, Store, SuccessWrite
 from idempotent_tasks.stores.redis import RedisStore, driver_errors
 
 from .._services import REDIS_URL, require
+from .._wait import budget
 
 redis = pytest.importorskip("redis")
 from redis.crc import key_slot  # noqa: E402
@@ -51,22 +52,27 @@ def free_port() -> int:
         return port
 
 
-def start_redis(port: int, workdir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """A private redis-server on ``port``, answering PING before this returns."""
+def start_redis(
+    port: int, workdir: Path, *extra: str, password: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A private redis-server on ``port`` (with ``password``: ``--requirepass``), answering
+    PING before this returns."""
+    auth = ["--requirepass", password] if password is not None else []
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", *extra],
+         "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", *auth, *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    wait_until(lambda: _pings(port), f"redis-server on port {port} did not start", proc)
+    wait_until(lambda: _pings(port, password), f"redis-server on port {port} did not start",
+               proc)
     return proc
 
 
 def stop_redis(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=budget(10))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -79,7 +85,7 @@ def wait_until(
     timeout: float = 15.0,
 ) -> None:
     """Poll ``condition`` (a readiness check, not a sleep that hopes) until it holds."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while not condition():
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{message}: exited with {proc.returncode}")
@@ -88,8 +94,9 @@ def wait_until(
         time.sleep(0.02)
 
 
-def _pings(port: int) -> bool:
-    client = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
+def _pings(port: int, password: str | None = None) -> bool:
+    client = redis.Redis(port=port, password=password, socket_connect_timeout=0.2,
+                         socket_timeout=0.2)
     try:
         return bool(client.ping())
     except redis.exceptions.RedisError:
@@ -141,6 +148,7 @@ CALLS: dict[str, Callable[[Store], object]] = {
     ),
     "get": lambda s: s.get(S),
     "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW + 1),
+    "reopen": lambda s: s.reopen(S, expected_token=1, now=NOW, lease_expires_at=NOW + 1),
     "heartbeat": lambda s: s.heartbeat(S, token=1, now=NOW, lease_expires_at=NOW + 1),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
     "mark_success_many": lambda s: s.mark_success_many(
@@ -273,19 +281,25 @@ def _driver_exception_classes() -> list[type[BaseException]]:
 
 
 def test_translation_covers_every_redis_exception_class() -> None:
+    """Refused credentials are a configuration error (never retried); every other driver
+    error is an outage."""
     classes = _driver_exception_classes()
     assert len(classes) > 20  # the module really was enumerated
+    refused = (redis.exceptions.AuthenticationError,
+               redis.exceptions.AuthenticationWrongNumberOfArgsError)
     for cls in classes:
         try:
             exc = cls("boom")
         except ValueError:  # redirections parse their message: "<slot> <host:port>"
             exc = cls("1234 127.0.0.1:7000")
         store = RedisStore(_Raising(exc))  # type: ignore[arg-type]
+        expected = ConfigurationError if issubclass(cls, refused) else StoreUnavailableError
         for call in ("create", "get", "mark_success", "find_stuck", "create_many"):
             if cls is redis.exceptions.NoScriptError and call != "get":
                 continue  # NOSCRIPT is handled (script loaded again), see the test above
-            with pytest.raises(StoreUnavailableError) as info:
+            with pytest.raises(IdempotencyError) as info:
                 CALLS[call](store)
+            assert type(info.value) is expected, (cls, call)
             assert info.value.__cause__ is exc, (cls, call)
 
 
@@ -460,7 +474,7 @@ def _connection_id(store: RedisStore) -> int:
 
 
 def test_each_thread_keeps_one_connection_of_its_own(rstore: RedisStore) -> None:
-    both_connected = threading.Barrier(2, timeout=10)
+    both_connected = threading.Barrier(2, timeout=budget(10))
     ids: dict[str, tuple[int, int]] = {}
 
     def work(name: str) -> None:
@@ -578,12 +592,13 @@ def test_fencing_token_is_the_shard_counter_then_the_shard_number(
     assert int(raw.get(k.tokens)) * 1000 + shard == second
 
 
-@pytest.mark.parametrize("how", ["take_over", "replace_expired"])
+@pytest.mark.parametrize("how", ["take_over", "replace_expired", "reopen"])
 def test_fencing_tokens_move_past_a_record_of_an_earlier_version(
     rstore: RedisStore, raw: Any, how: str
 ) -> None:
-    """Earlier versions wrote random 62-bit tokens: taking over or replacing such a record
-    moves the shard's counter past it, so the new attempt's token is still greater."""
+    """Earlier versions wrote random 62-bit tokens: taking over, replacing or reopening such
+    a record moves the shard's counter past it, so the new attempt's token is still
+    greater."""
     old = 4_611_686_018_427_387_123
     t = token_of(rstore)
     k = rstore._keys(S)
@@ -592,6 +607,11 @@ def test_fencing_tokens_move_past_a_record_of_an_earlier_version(
         taken = rstore.take_over(S, expected_token=old, now=NOW + 31, lease_expires_at=NOW + 61)
         assert taken is not None
         new = taken.token
+    elif how == "reopen":
+        assert rstore.mark_success(S, token=old, response=b"1", now=NOW, expires_at=NOW + 5)
+        reopened = rstore.reopen(S, expected_token=old, now=NOW + 1, lease_expires_at=NOW + 31)
+        assert reopened is not None
+        new = reopened
     else:
         assert rstore.mark_success(S, token=old, response=b"1", now=NOW, expires_at=NOW + 5)
         replaced = claim(rstore, now=NOW + 5)

@@ -29,6 +29,7 @@ from idempotent_tasks.stores.sql import POSTGRESQL_DDL, build_metadata
 
 from .._private_postgres import PrivatePostgres, refused
 from .._services import POSTGRES_URL, require
+from .._wait import budget
 from ..conftest import unique_prefix
 
 NOW = 1_700_000_000.0
@@ -311,16 +312,16 @@ def test_sqlite_wal_switch_waits_for_a_connection_holding_a_lock(
     thread = threading.Thread(target=create)
     thread.start()
     try:
-        assert met_the_lock.wait(10)
+        assert met_the_lock.wait(budget(10))
         holder.execute("COMMIT")
-        thread.join(10)
+        thread.join(budget(10))
         assert not thread.is_alive() and errors == []
         assert claim(store)
         with contextlib.closing(sqlite3.connect(db)) as fresh:
             assert fresh.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         holder.close()
-        thread.join(10)
+        thread.join(budget(10))
         store.close()
 
 
@@ -449,6 +450,7 @@ SCHEMA_CALLS: dict[str, Any] = {
     ),
     "get": lambda s: s.get(S),
     "take_over": lambda s: s.take_over(S, expected_token=1, now=NOW, lease_expires_at=NOW),
+    "reopen": lambda s: s.reopen(S, expected_token=1, now=NOW, lease_expires_at=NOW),
     "mark_success": lambda s: s.mark_success(S, token=1, response=b"1", now=NOW, expires_at=NOW),
     "record_failure": lambda s: s.record_failure(
         S, token=1, now=NOW, max_retries=3, expires_at=NOW
@@ -533,7 +535,7 @@ def _fill_idle_connections(store: SQLStore, n: int) -> None:
 
     def hold() -> None:
         with store.body_transaction() as tx:
-            barrier.wait(timeout=30)
+            barrier.wait(timeout=budget(30))
             tx.rollback()
         store.get(S)
 
@@ -598,7 +600,7 @@ def _race(n: int, fn: Any) -> list[Any]:
     results: list[Any] = [None] * n
 
     def worker(i: int) -> None:
-        barrier.wait(timeout=30)
+        barrier.wait(timeout=budget(30))
         results[i] = fn(i)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
@@ -676,7 +678,7 @@ def test_concurrent_delete_expired_purges_each_record_once(sql_store: SQLStore) 
 
 def _wait_until_blocked_on_lock(engine: sa.Engine, table: str) -> None:
     """Poll PostgreSQL until a statement on ``table`` waits for a lock (bounded)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + budget(30)
     with engine.connect() as conn:
         while True:
             waiting = conn.exec_driver_sql(
@@ -729,7 +731,7 @@ def test_postgres_claim_racing_a_transaction_newer_than_its_snapshot(before: str
             claimer.start()
             _wait_until_blocked_on_lock(store.engine, table)
             trans.commit()
-            claimer.join(timeout=30)
+            claimer.join(timeout=budget(30))
         r = result["r"]
         assert not r.created
         assert r.record.fencing_token == 50 and r.record.status is Status.PROCESSING
@@ -743,7 +745,7 @@ def _process_worker(
     url: str, prefix: str, barrier: Any, out: Any, index: int, crashed: int
 ) -> None:
     store = SQLStore(url, table_prefix=prefix)
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=budget(60))
     created = []
     for n in range(40):
         scope = Scope("t", "single", f"s{(n + index * 7) % 40}")
@@ -779,9 +781,9 @@ def test_sqlite_shared_by_processes_claims_each_scope_exactly_once(tmp_path: Pat
     ]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in procs]
+    results = [out.get(timeout=budget(120)) for _ in procs]
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=budget(60))
         assert p.exitcode == 0
     created = sorted(k for keys, _ in results for k, _ in keys)
     assert created == sorted([f"s{i}" for i in range(1, 40)] + [f"m{i}" for i in range(40)])
@@ -798,7 +800,7 @@ def _claim_loop(store: SQLStore, who: str, n: int) -> int:
 
 
 def _forked_child(store: SQLStore, barrier: Any, out: Any) -> None:
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=budget(60))
     try:
         out.put(_claim_loop(store, "child", 100))
     except Exception as exc:
@@ -814,10 +816,10 @@ def test_a_store_inherited_across_fork_keeps_working_in_both(sql_store: SQLStore
     barrier, out = ctx.Barrier(2), ctx.Queue()
     child = ctx.Process(target=_forked_child, args=(sql_store, barrier, out))
     child.start()
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=budget(60))
     assert _claim_loop(sql_store, "parent", 100) == 100  # at the same time as the child
-    assert out.get(timeout=60) == 100
-    child.join(timeout=60)
+    assert out.get(timeout=budget(60)) == 100
+    child.join(timeout=budget(60))
     assert child.exitcode == 0
     # the child's exit closed nothing of ours, and both sides' writes are there
     assert not claim(sql_store, Scope("t", "fork", "child-0"))
@@ -936,7 +938,7 @@ def test_sqlite_body_transaction_holds_the_write_lock(tmp_path: Path) -> None:
     def body() -> None:
         with store.body_transaction() as tx:
             entered.set()
-            release.wait(timeout=30)
+            release.wait(timeout=budget(30))
             order.append("body committed")
             tx.commit()
 
@@ -949,7 +951,7 @@ def test_sqlite_body_transaction_holds_the_write_lock(tmp_path: Path) -> None:
 
     t = threading.Thread(target=body)
     t.start()
-    assert entered.wait(timeout=30)
+    assert entered.wait(timeout=budget(30))
     assert other.get(S) is None  # readers are never blocked (WAL)
     w = threading.Thread(target=writer)
     w.start()

@@ -29,6 +29,7 @@ from idempotent_tasks.testing import StoreContract
 
 from .._async_stores import ASYNC_STORE_KINDS, asyncpg_url, new_async_store
 from .._services import PGBOUNCER_URL, require
+from .._wait import budget
 from ..conftest import STORE_KINDS, drop_store, make_store, unique_prefix
 
 
@@ -146,7 +147,7 @@ def pgbouncer_setting(name: str) -> str:
     out = subprocess.run(
         ["psql", "-h", url.host or "127.0.0.1", "-p", str(url.port or 6432), "-U",
          url.username or "postgres", "-d", "pgbouncer", "-Atc", "SHOW CONFIG"],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True, text=True, timeout=budget(30), check=True,
     ).stdout
     return {line.split("|")[0]: line.split("|")[1] for line in out.splitlines()}[name]
 

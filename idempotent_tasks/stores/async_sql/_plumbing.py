@@ -14,7 +14,9 @@ from ..sql.protocol import (
     DEFAULT_TABLE_PREFIX,
     Plan,
     check_options,
+    check_schema,
     postgres_plans,
+    schema_objects,
     translate,
 )
 from ._connections import Connections
@@ -57,6 +59,14 @@ def parse_url(url: str) -> tuple[str, str]:
     return driver, parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _quote(name: str) -> str:
+    """PostgreSQL's quoting of an identifier (as ``postgres_plans`` quotes the tables)."""
+    from sqlalchemy.dialects import postgresql
+
+    quoted: str = postgresql.dialect().identifier_preparer.quote(name)  # type: ignore[no-untyped-call]
+    return quoted
+
+
 def _installed_default() -> str:
     """``DEFAULT_DRIVER``, or the other one when only that one is installed."""
     import importlib.util
@@ -93,6 +103,8 @@ class AsyncSQLPlumbing:
         self._pool_size = pool_size
         self._socket_timeout = socket_timeout
         self._plans = postgres_plans(table_prefix)
+        #: Checked whole on first use (``sql.protocol.check_schema``), then never again.
+        self._unchecked = schema_objects(_quote, table_prefix)
         self._common = self._plans.common
         kind = PsycopgTransport if self.driver == "psycopg" else AsyncpgTransport
         try:
@@ -167,6 +179,9 @@ class AsyncSQLPlumbing:
         if watchdog is not None:
             watchdog.start(held)
         try:
+            if self._unchecked:
+                await self._transport.run(held, check_schema(self._unchecked))
+                self._unchecked = ()
             result = await self._transport.run(held, plan)
         except self._errors as exc:
             if isinstance(exc, self._lost_types) or held.fired:

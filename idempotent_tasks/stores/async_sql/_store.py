@@ -41,6 +41,14 @@ class AsyncSQLStore(AsyncSQLTransactions):
             scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at
         ))
 
+    async def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        """A settled record of ``expected_token`` to a new attempt (``stores.reopen``)."""
+        return await self._execute("reopen", self._plans.reopen(
+            scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at
+        ))
+
     async def heartbeat(
         self, scope: Scope, *, token: int, now: float, lease_expires_at: float
     ) -> bool:

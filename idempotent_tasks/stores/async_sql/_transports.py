@@ -84,8 +84,15 @@ class PsycopgTransport(_Transport):
         )
 
     async def open_pool(self) -> Any:
+        """The pool, opened once a connection of our own was made: the pool connects in the
+        background and only logs why it could not (a wrong password, an unknown database), so
+        a caller would wait for its whole timeout and learn just ``PoolTimeout``; this
+        connection raises the server's own reason within the connect timeout instead."""
+        import psycopg
         from psycopg_pool import AsyncConnectionPool
 
+        first = await psycopg.AsyncConnection.connect(self._conninfo, **self._connect)
+        await first.close()
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             self._conninfo, min_size=1, max_size=self._size, open=False,
             timeout=self._timeout, name=self._name, kwargs=self._connect,

@@ -19,7 +19,9 @@ change one conditional write.
 * Counted attempts (a transient failure, a takeover) read the counter and then commit the
   record's conditional update together with the counter's increment (conditional on the
   value read) in one ``TransactWriteItems``: 1 read + 2 transactional writes (twice the
-  capacity of plain writes).  These are the rare paths.
+  capacity of plain writes).  A reopen (a settled record given to a new attempt, conditional
+  on SUCCESS/FAILED and its token) commits the record's update and the counter's deletion
+  in one ``TransactWriteItems``, with no read.  These are the rare paths.
 * Fencing tokens: tokens come from blocks of 1000, each claimed with an ``ADD`` on the
   store's token item (``<prefix>#T``) and a conditional ``PutItem`` of the block's marker
   (``<prefix>#B#<n>``, so a block is never used twice even by an emulator whose ``ADD`` is

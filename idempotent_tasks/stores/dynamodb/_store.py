@@ -283,6 +283,50 @@ class DynamoDBStore(DynamoDBMaintenance):
         result: FailureResult | None = self._counted("record_failure", scope, write)
         return result
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        """The settled record of ``expected_token`` to a new attempt (a token drawn as
+        ``take_over`` draws one) and its counter deleted, in one ``TransactWriteItems``; a
+        transaction that lost a conflict runs again with a fresh token."""
+        digest = self._keys.digest(scope)
+
+        def run(_: Any) -> int | None:
+            for _attempt in range(_ATTEMPTS):
+                token = self._tokens.draw(self.client, expected_token)
+                if token is None:
+                    return None  # no attempt ever had ``expected_token``: the record cannot
+                try:
+                    self._transact([self._reopened(digest, expected_token, token, now,
+                                                   lease_expires_at),
+                                    {"Delete": {"Key": self._keys.counter(digest)}}])
+                except Refused as refused:
+                    if refused.reasons and refused.reasons[0] == _FAILED_CHECK:
+                        return None
+                    continue
+                return token
+            raise StoreUnavailableError("dynamodb store: reopen kept racing concurrent writers")
+
+        result: int | None = self._call("reopen", run)
+        return result
+
+    def _reopened(
+        self, digest: str, expected: int, token: int, now: float, lease: float
+    ) -> dict[str, Any]:
+        """The record's update of a reopen: SUCCESS/FAILED of ``expected`` → PROCESSING."""
+        values = {":success": s(Status.SUCCESS.value), ":failed": s(Status.FAILED.value),
+                  ":processing": s(Status.PROCESSING.value), ":token": n(expected),
+                  ":new": n(token), ":now": n(now), ":lease": n(lease),
+                  ":gp": self._keys.status_partition(Status.PROCESSING, digest),
+                  ":gc": gc_at(lease - now, self.gc_ttl)}
+        return {"Update": {
+            "Key": self._keys.record(digest),
+            "ConditionExpression": "(st = :success OR st = :failed) AND tk = :token",
+            "UpdateExpression": "SET st = :processing, tk = :new, ca = :now, ua = :now, "
+                                f"le = :lease, gp = :gp, gs = :now, {GC} = :gc REMOVE rs, ex",
+            "ExpressionAttributeValues": values,
+        }}
+
     def get_retry_count(self, scope: Scope) -> int:
         digest = self._keys.digest(scope)
         return self._call("get_retry_count", lambda _: self._count(digest))

@@ -14,22 +14,24 @@ Redis together.
   Durability is Redis's own: with ``appendonly yes`` and ``appendfsync always`` a claim
   survives a server crash; with snapshots or no persistence a restart forgets claims (and
   duplicates may then run again).  A failover to a replica that had not received the last
-  writes forgets them too, unless ``wait_replicas=N``: then every claim, heartbeat and
-  outcome write is followed by ``WAIT N wait_timeout`` in the same round trip and is
-  acknowledged only once ``N`` replicas have it (short: ``STORE_UNAVAILABLE`` before the
-  body, ``OUTCOME_NOT_RECORDED`` after; see ``_replication`` and docs/redis.md).  With
-  ``wait_replicas=0`` (the default) nothing of this is sent.
+  writes forgets them too, unless ``wait_replicas=N``: then every claim (a takeover and a
+  reopen included), heartbeat and outcome write is followed by ``WAIT N wait_timeout`` in
+  the same round trip and is acknowledged only once ``N`` replicas have it (short:
+  ``STORE_UNAVAILABLE`` before the body, ``OUTCOME_NOT_RECORDED`` after; see
+  ``_replication`` and docs/redis.md).  With ``wait_replicas=0`` (the default) nothing of
+  this is sent.
 * Atomic primitive: Lua scripts (``EVALSHA``, loaded again on ``NOSCRIPT``), each touching
   only keys of one hash slot, so the same scripts run on a standalone server and on Redis
   Cluster.  No check-then-act across round trips anywhere.
-* Fencing tokens: each shard has a counter key, ``INCR``\\ ed inside the claim, batch claim
-  and takeover scripts only when a record is actually created, replaced or taken over (a
-  duplicate writes nothing).  The token is the counter followed by the shard's number in
-  three decimal digits (``<counter><000-255>``): it grows per scope (a scope always lives in
-  its shard) and no two attempts of any scopes share one, at no extra round trip.  A record
-  written by an earlier version (random 62-bit tokens) is accounted for when replaced or
-  taken over: the shard's counter then moves past its token.  The counters never expire;
-  like the records, they are lost with the data when Redis loses it.
+* Fencing tokens: each shard has a counter key, ``INCR``\\ ed inside the claim, batch claim,
+  takeover and reopen scripts only when a record is actually created, replaced, taken over
+  or reopened (a duplicate writes nothing).  The token is the counter followed by the
+  shard's number in three decimal digits (``<counter><000-255>``): it grows per scope (a
+  scope always lives in its shard) and no two attempts of any scopes share one, at no extra
+  round trip.  A record written by an earlier version (random 62-bit tokens) is accounted
+  for when replaced, taken over or reopened: the shard's counter then moves past its token.
+  The counters never expire; like the records, they are lost with the data when Redis
+  loses it.
 * Keys: a scope is hashed (SHA-256 of :meth:`Scope.encoded`, length-prefixed and so
   collision-free, first 32 hex digits = the *member*); the first two hex digits pick one of
   256 *shards*, and the shard is the hash tag::

@@ -94,6 +94,13 @@ class AsyncRedisStore(RedisStoreBase):
         plan = self._protocol.take_over(scope, expected_token, now, lease_expires_at)
         return await self._run(plan, scope)
 
+    async def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        """A settled record of ``expected_token`` to a new attempt (``stores.reopen``)."""
+        plan = self._protocol.reopen(scope, expected_token, now, lease_expires_at)
+        return await self._run(plan, scope)
+
     async def heartbeat(
         self, scope: Scope, *, token: int, now: float, lease_expires_at: float
     ) -> bool:

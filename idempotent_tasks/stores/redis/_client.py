@@ -9,7 +9,7 @@ import hashlib
 from functools import cache
 from importlib import resources
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 from ..._core.errors import ConfigurationError, IdempotencyError, StoreUnavailableError
 from ..._core.records import Scope
@@ -37,6 +37,7 @@ SCRIPTS: Final = (
     "claim",
     "claim_many",
     "take_over",
+    "reopen",
     "heartbeat",
     "mark_success",
     "mark_failed",
@@ -126,7 +127,7 @@ def build_client(url: str, *, connect_timeout: float, socket_timeout: float) -> 
         )
         return cluster
     standalone: Client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
-    return standalone
+    return _bound_handshake(standalone, _SyncHandshake)
 
 
 def command(client: Any, *args: Any) -> Any:
@@ -159,11 +160,74 @@ def build_async_client(
     standalone: AsyncClient = redis.asyncio.Redis.from_url(
         url, retry=Retry(NoBackoff(), 0), max_connections=max_connections, **options
     )
-    return standalone
+    return _bound_handshake(standalone, _AsyncHandshake)
+
+
+class _SyncHandshake:
+    """The handshake (``HELLO``, ``AUTH``, ``SELECT``, ``CLIENT SETINFO``) under the connect
+    timeout: redis-py reads its replies with the socket timeout, so a server that accepts and
+    never answers would hold the first call for ``socket_timeout`` instead."""
+
+    _sock: Any
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        self._sock.settimeout(self.socket_connect_timeout)
+        try:
+            super().on_connect_check_health(check_health)  # type: ignore[misc]
+        finally:
+            if self._sock is not None:  # None: the failed handshake disconnected it
+                self._sock.settimeout(self.socket_timeout)
+
+
+class _AsyncHandshake:
+    """:class:`_SyncHandshake` for ``redis.asyncio`` (its reads take ``socket_timeout``)."""
+
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        read, self.socket_timeout = self.socket_timeout, self.socket_connect_timeout
+        try:
+            await super().on_connect_check_health(check_health)  # type: ignore[misc]
+        finally:
+            self.socket_timeout = read
+
+
+_C = TypeVar("_C")
+_Handshake: TypeAlias = type[_SyncHandshake] | type[_AsyncHandshake]
+_BOUNDED: dict[tuple[type[Any], _Handshake], type[Any]] = {}
+
+
+def _bound_handshake(client: _C, handshake: _Handshake) -> _C:
+    """``client`` (standalone) with its pool's connection class — TCP, TLS or Unix socket, as
+    the URL chose — doing its handshake under the connect timeout."""
+    pool: Any = getattr(client, "connection_pool")  # noqa: B009 - absent from the union type
+    pool.connection_class = _bounded(pool.connection_class, handshake)
+    return client
+
+
+def _bounded(connection_class: type[Any], handshake: _Handshake) -> type[Any]:
+    if issubclass(connection_class, handshake):
+        return connection_class
+    key = (connection_class, handshake)
+    if key not in _BOUNDED:  # one subclass per class: the pools of many stores share it
+        name = f"HandshakeBounded{connection_class.__name__}"
+        _BOUNDED[key] = type(name, (handshake, connection_class), {})
+    return _BOUNDED[key]
 
 
 def unavailable(call: str, exc: BaseException, scope: Scope | None = None) -> IdempotencyError:
-    return StoreUnavailableError(
+    """The store error for a driver error: an authentication failure (a wrong password or
+    user, ``NOAUTH``) is a :class:`ConfigurationError` — retrying would never help; anything
+    else is an outage, :class:`StoreUnavailableError`."""
+    from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError
+
+    kind: type[IdempotencyError] = StoreUnavailableError
+    if isinstance(exc, AuthenticationError | AuthenticationWrongNumberOfArgsError):
+        kind = ConfigurationError
+    return kind(
         f"redis store: {call} failed: {type(exc).__name__}: {exc}",
         tenant=scope.tenant if scope else None,
         operation=scope.operation if scope else None,

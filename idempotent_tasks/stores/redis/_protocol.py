@@ -131,6 +131,16 @@ class RedisProtocol(MaintenancePlans):
             return None
         return TakeOver(int(reply[0]), int(reply[1]))
 
+    def reopen(
+        self, scope: Scope, expected_token: int, now: float, lease_expires_at: float
+    ) -> Plan[int | None]:
+        """One ``reopen.lua`` call: the record, both indexes and the counter reset at once."""
+        k = Keys(scope, self.shards)
+        keys = (k.record, k.counter, k.processing, k.finished, k.counter_index, k.tokens)
+        reply = yield from self.eval("reopen", keys, (expected_token, now, lease_expires_at,
+                                                      self.gc_ms))
+        return int(reply[0]) if isinstance(reply, list) else None
+
     def heartbeat(
         self, scope: Scope, token: int, now: float, lease_expires_at: float
     ) -> Plan[bool]:

@@ -7,11 +7,12 @@ write the guarantee rests on is followed by ``WAIT N timeout`` on the same conne
 the same round trip (pipelined after the script), and is acknowledged only when at least
 ``N`` replicas confirmed it:
 
-* **claims** (``create``, ``create_many``, ``take_over``) and **heartbeats** — before the
-  body runs.  A ``WAIT`` short of ``N`` raises ``STORE_UNAVAILABLE``: the body does not run
-  (fail closed).  A claim that was made on the primary is withdrawn first (released with
-  its own token, best effort), so the redelivery can claim again at once instead of
-  waiting out a lease no one holds; a takeover's counted attempt stays counted.
+* **claims** (``create``, ``create_many``, ``take_over``, ``reopen``) and **heartbeats** —
+  before the body runs.  A ``WAIT`` short of ``N`` raises ``STORE_UNAVAILABLE``: the body
+  does not run (fail closed).  A claim that was made on the primary is withdrawn first
+  (released with its own token, best effort), so the redelivery can claim again at once
+  instead of waiting out a lease no one holds; a takeover's counted attempt stays counted,
+  and a reopened record is gone (its settled outcome was already given up by the reopen).
 * **outcome writes** (``mark_success``, ``mark_success_many``, ``mark_failed``,
   ``record_failure``, ``release``) — after the body ran.  A short ``WAIT`` raises
   ``OUTCOME_NOT_RECORDED``, not ``STORE_UNAVAILABLE``: the write did happen on the primary,
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 #: Default bound on one write's wait for its replicas, in seconds.
 DEFAULT_WAIT_TIMEOUT: Final = 0.5
 #: Scripts whose writes come before the body (a short WAIT: STORE_UNAVAILABLE).
-BEFORE_BODY: Final = ("claim", "claim_many", "take_over", "heartbeat")
+BEFORE_BODY: Final = ("claim", "claim_many", "take_over", "reopen", "heartbeat")
 #: Scripts whose writes record a body's outcome (a short WAIT: OUTCOME_NOT_RECORDED).
 AFTER_BODY: Final = ("mark_success", "mark_failed", "record_failure", "release")
 #: Keys per claim of ``claim_many.lua`` (record, counter, processing index, ...).
@@ -132,6 +133,8 @@ def _claims_made(
             made.append((keys[0], keys[1], reply[0]))
         elif name == "take_over" and isinstance(reply, list):
             made.append((keys[0], keys[2], reply[1]))
+        elif name == "reopen" and isinstance(reply, list):
+            made.append((keys[0], keys[2], reply[0]))
         elif name == "claim_many":
             items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
             for i, item in enumerate(items):
@@ -143,7 +146,7 @@ def _claims_made(
 
 def _wrote(name: str, keys: Sequence[Any], reply: Any) -> bool:
     """Did this script call change anything?  (Each script's reply says it: see its header.)"""
-    if name in ("claim", "take_over", "record_failure"):
+    if name in ("claim", "take_over", "reopen", "record_failure"):
         return isinstance(reply, list)
     if name == "claim_many":
         items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]

@@ -105,6 +105,12 @@ class RedisStore(RedisStoreBase):
         plan = self._protocol.take_over(scope, expected_token, now, lease_expires_at)
         return self._run(plan, scope)
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        """A settled record of ``expected_token`` to a new attempt (``stores.reopen``)."""
+        return self._run(self._protocol.reopen(scope, expected_token, now, lease_expires_at), scope)
+
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         return self._run(self._protocol.heartbeat(scope, token, now, lease_expires_at), scope)
 

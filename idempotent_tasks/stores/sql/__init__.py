@@ -10,22 +10,24 @@ schema, one contract.
 * Atomic primitive: the primary key ``(tenant, operation, key)`` with
   ``INSERT … ON CONFLICT``.  On PostgreSQL ``create`` is one statement (and one round trip)
   that inserts, replaces an expired record (resetting its counter) or returns the live
-  one; ``create_many`` claims a whole batch in one statement; ``take_over`` and
-  ``record_failure`` are single statements with data-modifying CTEs.  On SQLite a fresh
+  one; ``create_many`` claims a whole batch in one statement; ``take_over``,
+  ``record_failure`` and ``reopen`` (a settled record to a new attempt, its counter reset)
+  are single statements with data-modifying CTEs.  On SQLite a fresh
   claim is one autocommit ``INSERT … ON CONFLICT DO NOTHING RETURNING``; everything that reads
   before it writes runs under ``BEGIN IMMEDIATE`` (SQLite's single writer lock), so several
   OS processes and threads can share one database file.  Every write on an existing record is
-  conditional on ``status = 'PROCESSING'`` and the fencing token.
-* Fencing tokens: drawn by the database inside the claim's (or takeover's) own statement, so
-  they cost no round trip, grow per scope and are never reused.  PostgreSQL: the sequence
-  ``<prefix>_fencing_seq`` (``BIGINT``, ``CACHE 1``: values grow in real-time order across
-  sessions; a value drawn by an insert that then conflicted is a gap).  SQLite: the one-row
-  table ``<prefix>_fencing`` (``last_token``), read by the claim's INSERT under the write
-  lock and raised by ``AFTER INSERT`` / ``AFTER UPDATE OF fencing_token`` triggers.  MySQL:
-  the records table's ``AUTO_INCREMENT`` column, drawn by the claim's own INSERT (and by the
-  ``REPLACE`` of a takeover) and returned with the statement's answer (``_mysql.py``).
-  ``create_schema()`` creates them, on a database made by an earlier version too, starting
-  above the largest token stored there.
+  conditional on ``status = 'PROCESSING'`` and the fencing token (``reopen``'s on SUCCESS or
+  FAILED and the token).
+* Fencing tokens: drawn by the database inside the claim's (or takeover's, or reopen's) own
+  statement, so they cost no round trip, grow per scope and are never reused.  PostgreSQL:
+  the sequence ``<prefix>_fencing_seq`` (``BIGINT``, ``CACHE 1``: values grow in real-time
+  order across sessions; a value drawn by an insert that then conflicted is a gap).  SQLite:
+  the one-row table ``<prefix>_fencing`` (``last_token``), read by the claim's INSERT under
+  the write lock and raised by ``AFTER INSERT`` / ``AFTER UPDATE OF fencing_token``
+  triggers.  MySQL: the records table's ``AUTO_INCREMENT`` column, drawn by the claim's own
+  INSERT (and by the ``REPLACE`` of a takeover or a reopen) and returned with the
+  statement's answer (``_mysql.py``).  ``create_schema()`` creates them, on a database made
+  by an earlier version too, starting above the largest token stored there.
 * TTL: nothing expires by itself.  Timestamps are epoch seconds from the handler's clock,
   stored as ``DOUBLE PRECISION``; the database server's clock is never used.  ``create``
   treats a record with ``expires_at <= now`` as absent; ``delete_expired`` purges in batches

@@ -294,7 +294,7 @@ def _make_engine(
             "mysql+pymysql:// or sqlite:///"
         )
     try:
-        return sa.create_engine(url, connect_args=connect_args, **pool)
+        engine = sa.create_engine(url, connect_args=connect_args, **pool)
     except ImportError as exc:
         needs = (
             "MySQL/MariaDB support needs PyMySQL: pip install 'idempotent-tasks[mysql]'"
@@ -302,3 +302,8 @@ def _make_engine(
             else "PostgreSQL support needs psycopg 3: pip install 'idempotent-tasks[postgres]'"
         )
         raise ConfigurationError(needs) from exc
+    if url.drivername in _MYSQL_DRIVERS.values():
+        from ._mysql_setup import bound_handshake
+
+        bound_handshake(engine)
+    return engine

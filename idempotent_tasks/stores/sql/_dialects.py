@@ -16,6 +16,7 @@ from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ._mysql import MySQLCommon, MySQLOps
 from ._plans import ROWS, CommonPlans, Plan, PostgresPlans
+from ._schema import build_metadata
 from ._sqlite import SQLiteOps
 from ._statements import Common, failure_params, identity, scope_params, take_over_params
 
@@ -65,6 +66,12 @@ class CursorPlans(CommonPlans):
     ) -> Plan[TakeOver | None]:
         p = take_over_params(scope, expected_token, now, lease_expires_at)
         return self._call(lambda cur: self.ops.take_over(cur, p))
+
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> Plan[int | None]:
+        p = take_over_params(scope, expected_token, now, lease_expires_at)
+        return self._call(lambda cur: self.ops.reopen(cur, p))
 
     def mark_success_many(
         self, writes: Sequence[SuccessWrite], *, now: float
@@ -117,6 +124,25 @@ def dialect_plans(
     return cursor_plans(name, r, c, lk, quote(f"{prefix}_fencing"), operational_error)
 
 
+def schema_objects(quote: Callable[[str], str], prefix: str) -> tuple[str, ...]:
+    """The quoted names of the store's tables (every table of :func:`build_metadata`): what
+    :func:`check_schema` probes.  The token source (PostgreSQL's sequence, SQLite's fencing
+    table) is not among them: only a claim uses it, and a claim without it fails before any
+    body runs; a database of an earlier version, which lacks it, can still be read until
+    ``create_schema`` adds it."""
+    return tuple(quote(name) for name in build_metadata(prefix).tables)
+
+
+def check_schema(objects: tuple[str, ...]) -> Plan[None]:
+    """One empty ``SELECT`` from each of ``objects``: every table checked on a store's
+    first use, so a partly missing one (a table dropped, a migration half applied) is a
+    ``CONFIGURATION_ERROR`` naming the table (the driver's "no such table") before any claim
+    is taken and any body runs — not a failure after the body, when its outcome cannot be
+    recorded."""
+    for name in objects:
+        yield (f"SELECT 1 FROM {name} WHERE 1 = 0", {}, ROWS)
+
+
 def cursor_plans(
     name: str, r: str, c: str, lk: str, fencing: str, operational_error: type[BaseException]
 ) -> CursorPlans:
@@ -128,4 +154,7 @@ def cursor_plans(
     return CursorPlans(name, common, SQLiteOps(r, c, fencing, common))
 
 
-__all__ = ["CursorPlans", "MySQLPlans", "cursor_plans", "dialect_plans", "drive"]
+__all__ = [
+    "CursorPlans", "MySQLPlans", "check_schema", "cursor_plans", "dialect_plans", "drive",
+    "schema_objects",
+]

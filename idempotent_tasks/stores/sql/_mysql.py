@@ -15,7 +15,7 @@
 * Fencing tokens: ``fencing_token`` is the records table's ``AUTO_INCREMENT`` column, so the
   INSERT that creates a record draws its token itself and the driver reports it in the
   statement's answer (``lastrowid``): a claim costs no extra round trip and a duplicate writes
-  nothing (it only leaves a gap).  Replacing an expired record and a takeover use
+  nothing (it only leaves a gap).  Replacing an expired record, a takeover and a reopen use
   ``REPLACE`` on the row they hold locked, which draws a new, greater value.  Values grow in
   allocation order and are never reused (the counter is persistent on MySQL 8 and MariaDB
   >= 10.2.4).  With ``auto_increment_increment`` > 1 across several writable primaries (Galera,
@@ -114,6 +114,7 @@ class MySQLOps:
         self._owned_expired_sql = mysql_sql(
             f"SELECT request_hash, created_at FROM {r} WHERE {q.OWNED}{q.LEASE_EXPIRED} FOR UPDATE"
         )
+        self._settled_sql = mysql_sql(f"SELECT request_hash FROM {r} WHERE {q.SETTLED} FOR UPDATE")
         self._doomed_records_sql = mysql_sql(
             f"SELECT tenant, operation, key FROM {r} WHERE expires_at <= :now "
             "ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED"
@@ -274,6 +275,19 @@ class MySQLOps:
         cur.execute(self._replace_sql, {**p, "request_hash": row[0], "created_at": row[1]})
         token = int(cur.lastrowid)
         return TakeOver(self._bump(cur, p), token)
+
+    def reopen(self, cur: Any, p: Mapping[str, Any]) -> int | None:
+        """Lock the settled record, ``REPLACE`` it with a new attempt (a new token, as
+        ``take_over`` draws one) and reset the counter, in one transaction."""
+        return self._transaction(cur, lambda c: self._reopen(c, p))
+
+    def _reopen(self, cur: Any, p: Mapping[str, Any]) -> int | None:
+        row = q.one(cur, self._settled_sql, p)
+        if row is None:
+            return None
+        cur.execute(self._q.reset_count, p)
+        cur.execute(self._replace_sql, {**p, "request_hash": row[0], "created_at": p["now"]})
+        return int(cur.lastrowid)
 
     def _bump(self, cur: Any, p: Mapping[str, Any]) -> int:
         cur.execute(self._q.bump, p)

@@ -172,3 +172,37 @@ def connect_args(timeout: float, socket_timeout: float | None) -> dict[str, Any]
     if socket_timeout:
         args["read_timeout"] = args["write_timeout"] = max(1, math.ceil(socket_timeout))
     return args
+
+
+def bound_handshake(engine: sa.Engine) -> None:
+    """Make ``engine``'s connections wait at most ``connect_timeout`` for the server's
+    handshake too: PyMySQL bounds only the TCP connect by it and reads the greeting and the
+    authentication replies with the read timeout (30 s by default, none without one), so a
+    server that accepts and never answers would hold the first call that long."""
+    connection_class = _handshake_bounded()
+
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        return connection_class(*cargs, **cparams)
+
+    sa.event.listen(engine, "do_connect", connect)
+
+
+@cache
+def _handshake_bounded() -> type[Any]:
+    from pymysql.connections import Connection
+
+    class HandshakeBoundedConnection(Connection):
+        """PyMySQL's connection, its handshake read and written under ``connect_timeout``."""
+
+        _read_timeout: float | None
+        _write_timeout: float | None
+
+        def connect(self, sock: Any = None) -> None:
+            timeouts = self._read_timeout, self._write_timeout
+            self._read_timeout = self._write_timeout = self.connect_timeout
+            try:
+                super().connect(sock)
+            finally:
+                self._read_timeout, self._write_timeout = timeouts
+
+    return HandshakeBoundedConnection

@@ -12,7 +12,8 @@ than one statement (a claim that found an expired record, a batch claim with str
 the retry of a claim that raced a concurrent insert) is written here once.
 
 Guarantees carried by the plans: every write on an existing record is conditional on
-``status = 'PROCESSING'`` and the fencing token; a claim is one statement (one round trip)
+``status = 'PROCESSING'`` and the fencing token (``reopen``'s on a settled status and the
+token); a claim is one statement (one round trip)
 unless it meets an expired record; timestamps come from the caller, never the server.
 """
 
@@ -125,6 +126,11 @@ class CommonPlans:
     def take_over(
         self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
     ) -> Plan[TakeOver | None]:
+        raise NotImplementedError
+
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> Plan[int | None]:
         raise NotImplementedError
 
     def mark_success_many(
@@ -304,6 +310,14 @@ class PostgresPlans(CommonPlans):
         p = take_over_params(scope, expected_token, now, lease_expires_at)
         rows = yield (self.sql.take_over, p, ROWS)
         return TakeOver(int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> Plan[int | None]:
+        """One statement (see ``_postgres``): the record and its counter reset together."""
+        p = take_over_params(scope, expected_token, now, lease_expires_at)
+        rows = yield (self.sql.reopen, p, ROWS)
+        return int(rows[0][0]) if rows else None
 
     def mark_success_many(
         self, writes: Sequence[SuccessWrite], *, now: float

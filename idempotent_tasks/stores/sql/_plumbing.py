@@ -28,7 +28,7 @@ from ._connections import (
     _sqlite_restore,
     _Watchdog,
 )
-from ._dialects import dialect_plans, drive
+from ._dialects import check_schema, dialect_plans, drive, schema_objects
 from ._errors import translate
 from ._mysql_setup import begin_body, make_adopt, mysql_metadata
 from ._plans import (
@@ -144,6 +144,8 @@ class SQLPlumbing:
         dbapi = engine.dialect.loaded_dbapi
         self._errors: tuple[type[BaseException], ...] = (sa_exc.SQLAlchemyError, dbapi.Error)
         self._plans = dialect_plans(self.name, quote, table_prefix, dbapi.OperationalError)
+        #: Checked whole on first use (``_dialects.check_schema``), then never again.
+        self._unchecked: tuple[str, ...] = schema_objects(quote, table_prefix)
         self._common: q.Common = self._plans.common
         if self._mysql:
             adopt, restore = make_adopt(engine)
@@ -187,6 +189,9 @@ class SQLPlumbing:
         watchdog = self._watchdog
         armed = watchdog.arm(raw.dbapi) if watchdog is not None else None
         try:
+            if self._unchecked:
+                drive(raw.cursor, check_schema(self._unchecked))
+                self._unchecked = ()
             result = drive(raw.cursor, plan)
         except self._errors as exc:
             raw_pool.discard(raw, lost=self._is_lost(exc, raw))

@@ -3,7 +3,8 @@
 Fencing tokens come from the sequence ``<prefix>_fencing_seq`` (``CACHE 1``, so values grow
 in real-time order across sessions): ``nextval`` in the claim's VALUES, in the SET list that
 replaces an expired record (evaluated only once the conflicting row is locked) and in
-``take_over``'s UPDATE.  A value drawn by an insert that then conflicted is a gap.
+``take_over``'s and ``reopen``'s UPDATEs.  A value drawn by an insert that then conflicted
+is a gap.
 """
 
 from __future__ import annotations
@@ -120,6 +121,16 @@ def _take_over_sql(r: str, c: str, token: str) -> str:
     )
 
 
+def _reopen_sql(r: str, c: str, token: str) -> str:
+    """A settled record to a new attempt and its counter reset, in one statement: a
+    concurrent reopen of the same attempt waits for the row lock, then finds it PROCESSING."""
+    return q.pyformat(
+        f"WITH upd AS ({q.reopen_sql(r, token)}), "
+        f"reset AS (DELETE FROM {c} WHERE {q.SCOPE} AND EXISTS (SELECT 1 FROM upd)) "
+        "SELECT fencing_token FROM upd"
+    )
+
+
 def _record_failure_sql(r: str, c: str, cond: str) -> str:
     return q.pyformat(
         f"WITH target AS (SELECT 1 FROM {r} WHERE {q.OWNED}{cond} FOR UPDATE), "
@@ -167,7 +178,7 @@ class Statements:
 
     __slots__ = (
         "claim", "create", "create_many", "delete_counters", "delete_records",
-        "mark_success_many", "record_failure", "record_failure_expired", "take_over",
+        "mark_success_many", "record_failure", "record_failure_expired", "reopen", "take_over",
     )
 
     def __init__(self, r: str, c: str, sequence: str) -> None:
@@ -177,6 +188,7 @@ class Statements:
         self.create_many = _create_many_sql(r, c, token)
         self.mark_success_many = _mark_success_many_sql(r)
         self.take_over = _take_over_sql(r, c, token)
+        self.reopen = _reopen_sql(r, c, token)
         self.record_failure = _record_failure_sql(r, c, "")
         self.record_failure_expired = _record_failure_sql(r, c, q.LEASE_EXPIRED)
         self.delete_records = _delete_records_sql(r)

@@ -2,7 +2,8 @@
 
 Fencing tokens: the one-row table ``<prefix>_fencing`` holds the last token drawn; a claim
 draws ``last_token + 1`` inside its own INSERT (SQLite takes the write lock at the start of a
-write statement, so that read is consistent), and two triggers on the records table raise
+write statement, so that read is consistent; ``take_over`` and ``reopen`` draw it the same
+way in their UPDATE), and two triggers on the records table raise
 ``last_token`` to every token written (``AFTER INSERT`` and ``AFTER UPDATE OF
 fencing_token``).  A duplicate writes nothing: ``ON CONFLICT DO NOTHING`` fires no trigger.
 """
@@ -40,6 +41,7 @@ class SQLiteOps:
             f"UPDATE {r} SET fencing_token = {token}, lease_expires_at = :lease, "
             f"updated_at = :now WHERE {q.OWNED}{q.LEASE_EXPIRED} RETURNING fencing_token"
         )
+        self._reopen_sql = q.reopen_sql(r, token)
         self._owned_sql = f"SELECT 1 FROM {r} WHERE {q.OWNED}"
         self._delete_records_sql = (
             f"DELETE FROM {r} WHERE rowid IN (SELECT rowid FROM {r} "
@@ -103,6 +105,16 @@ class SQLiteOps:
             taken = TakeOver(int(q.one(cur, self._c.bump, p)[0]), int(row[0]))
         cur.execute("COMMIT")
         return taken
+
+    def reopen(self, cur: Any, p: Mapping[str, Any]) -> int | None:
+        """The settled record to a new attempt (its token drawn in the UPDATE) and the
+        counter reset, under one write lock."""
+        cur.execute(BEGIN)
+        row = q.one(cur, self._reopen_sql, p)
+        if row is not None:
+            cur.execute(self._c.reset_count, p)
+        cur.execute("COMMIT")
+        return None if row is None else int(row[0])
 
     def record_failure(
         self, cur: Any, p: Mapping[str, Any], only_if_lease_expired: bool

@@ -20,6 +20,8 @@ STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
 SCOPE: Final = "tenant = :tenant AND operation = :operation AND key = :key"
 OWNED: Final = SCOPE + " AND status = 'PROCESSING' AND fencing_token = :token"
 LEASE_EXPIRED: Final = " AND (lease_expires_at IS NULL OR lease_expires_at <= :now)"
+#: A settled record of the attempt ``:token``: what ``reopen`` may give to a new attempt.
+SETTLED: Final = SCOPE + " AND status IN ('SUCCESS', 'FAILED') AND fencing_token = :token"
 RECORD_COLS: Final = (
     "status, request_hash, response, fencing_token, created_at, updated_at, "
     "lease_expires_at, expires_at"
@@ -46,6 +48,16 @@ def replace_set(token: str) -> str:
         f"fencing_token = {token}, created_at = excluded.created_at, "
         "updated_at = excluded.updated_at, lease_expires_at = excluded.lease_expires_at, "
         "expires_at = NULL"
+    )
+
+
+def reopen_sql(r: str, token: str) -> str:
+    """``reopen``'s conditional UPDATE: the settled record of ``:token`` becomes a new attempt
+    (its token drawn by the ``token`` expression, its request hash kept)."""
+    return (
+        f"UPDATE {r} SET status = 'PROCESSING', response = NULL, fencing_token = {token}, "
+        "created_at = :now, updated_at = :now, lease_expires_at = :lease, expires_at = NULL "
+        f"WHERE {SETTLED} RETURNING fencing_token"
     )
 
 

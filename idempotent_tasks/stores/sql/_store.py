@@ -48,6 +48,14 @@ class SQLStore(SQLPlumbing):
             scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at
         ))
 
+    def reopen(
+        self, scope: Scope, *, expected_token: int, now: float, lease_expires_at: float
+    ) -> int | None:
+        """A settled record of ``expected_token`` to a new attempt (``stores.reopen``)."""
+        return self._execute("reopen", self._plans.reopen(
+            scope, expected_token=expected_token, now=now, lease_expires_at=lease_expires_at
+        ))
+
     def heartbeat(self, scope: Scope, *, token: int, now: float, lease_expires_at: float) -> bool:
         return self._execute("heartbeat", self._plans.heartbeat(
             scope, token=token, now=now, lease_expires_at=lease_expires_at

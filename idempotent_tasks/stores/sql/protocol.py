@@ -11,14 +11,16 @@ store, the transactional outbox) and the async store share with ``SQLStore``.
   :func:`record`.
 * Schema: :data:`DEFAULT_TABLE_PREFIX`, :func:`build_metadata`, :func:`fencing_sequence`,
   :func:`fencing_table`, :func:`refuse_mismatch`, :func:`register_schema_extension` (tables
-  ``create_schema()`` creates beside the store's, e.g. the outbox's).
-* Errors: :func:`translate` (a driver error → ``ConfigurationError`` for a missing schema,
-  else ``StoreUnavailableError``), :func:`schema_missing`, :data:`SCHEMA_MISSING`.
+  ``create_schema()`` creates beside the store's, e.g. the outbox's), :func:`schema_objects`
+  and :func:`check_schema` (the plan that checks the schema whole on a store's first use).
+* Errors: :func:`translate` (a driver error → ``ConfigurationError`` for a missing schema or
+  refused credentials, else ``StoreUnavailableError``), :func:`schema_missing`,
+  :data:`SCHEMA_MISSING`.
 """
 
 from __future__ import annotations
 
-from ._dialects import dialect_plans, drive
+from ._dialects import check_schema, dialect_plans, drive, schema_objects
 from ._errors import SCHEMA_MISSING, schema_missing, translate
 from ._plans import (
     COUNT,
@@ -63,6 +65,7 @@ __all__ = [
     "build_metadata",
     "check_intact",
     "check_options",
+    "check_schema",
     "check_synchronous_replication",
     "dialect_plans",
     "drive",
@@ -75,6 +78,7 @@ __all__ = [
     "refuse_mismatch",
     "register_schema_extension",
     "schema_missing",
+    "schema_objects",
     "scope_params",
     "translate",
 ]
