@@ -53,6 +53,26 @@ def _hold_the_first_attempt(marker: Path) -> None:
     threading.Event().wait()  # "after the second step": the test SIGKILLs the worker here
 
 
+def fenced_steps(workdir: Path) -> list[Any]:
+    """Charge, e-mail, ledger; the first attempt's e-mail step stops *inside* its effect
+    (``inside-<key>`` written, then it reads the FIFO ``go-<key>`` the test made): the test
+    freezes that worker past its lease and lets another take the scope over."""
+    ctx = current_context()
+    assert ctx is not None and ctx.key is not None
+    charged = ctx.step("charge", effect, workdir, "charge")
+    emailed = ctx.step("email", _email_once_held, workdir, ctx.key)
+    return [charged, emailed, ctx.step("ledger", effect, workdir, "ledger")]
+
+
+def _email_once_held(workdir: Path, key: str) -> str:
+    marker = workdir / f"inside-{key}"
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        (workdir / f"go-{key}").read_bytes()  # a FIFO: blocks until the test opens it
+    effect(workdir, "email")
+    return f"email done by {os.getpid()}"
+
+
 def reconcile_for(workdir: Path) -> Any:
     """The operation's ``reconcile``: the answer the key names."""
 
@@ -80,4 +100,10 @@ def counted(workdir: Path) -> dict[str, int]:
 def held_by(workdir: Path, key: str) -> int | None:
     """The pid of the worker holding ``key``'s first attempt after its second step."""
     marker = workdir / f"held-{key}"
+    return int(marker.read_text()) if marker.exists() and marker.read_text() else None
+
+
+def inside_by(workdir: Path, key: str) -> int | None:
+    """The pid of the worker stopped inside ``key``'s e-mail step (``fenced_steps``)."""
+    marker = workdir / f"inside-{key}"
     return int(marker.read_text()) if marker.exists() and marker.read_text() else None

@@ -17,7 +17,7 @@ from celery import Celery
 
 from idempotent_tasks import IdempotencyHandler, SQLStore
 from idempotent_tasks.celery import IdempotentTask, setup
-from tests._three_steps import reconcile_for, three_steps
+from tests._three_steps import fenced_steps, reconcile_for, three_steps
 
 WORKDIR = Path(os.environ["IT_CRASH_DIR"])
 app = Celery(
@@ -69,3 +69,8 @@ def steps(order: str) -> list[Any]:
           on_stuck="reconcile", reconcile=reconcile_for(WORKDIR))
 def reconciled(order: str) -> list[Any]:
     return three_steps(WORKDIR)
+
+
+@app.task(base=IdempotentTask, name="crash.fenced", wait_backoff=(0.3, 0.6), shared=False)
+def fenced(order: str) -> list[Any]:
+    return fenced_steps(WORKDIR)

@@ -27,7 +27,7 @@ from celery.result import AsyncResult
 from idempotent_tasks import IdempotencyHandler, SQLStore, Status
 from idempotent_tasks.stores.effects import StepStore, UncertainStore
 from tests._services import RABBITMQ_URL, REDIS_URL
-from tests._three_steps import RECONCILED_RESULT, counted, held_by
+from tests._three_steps import RECONCILED_RESULT, counted, held_by, inside_by
 from tests._wait import budget
 
 from .conftest import wait_for
@@ -154,3 +154,37 @@ def test_unknown_parks_the_scope_until_an_operator_retries_it(cluster: Cluster) 
     assert counted(cluster.workdir) == ONCE_EACH
     assert cluster.reconciled() == ["unknown"]
     assert cluster.record("crash.reconciled", key).status is Status.SUCCESS
+
+
+def test_a_frozen_owner_finishing_a_step_after_the_takeover_is_fenced_off(
+    cluster: Cluster,
+) -> None:
+    """The first worker is stopped (SIGSTOP: its heartbeat too) inside the e-mail step, past
+    its lease; a duplicate delivery on a second worker takes the scope over and finishes it.
+    Resumed (SIGCONT), the first worker completes its e-mail effect — the one-step window
+    the module docstring of ``_core/steps.py`` names — but its step result is refused (a
+    newer attempt owns the scope): the record keeps the takeover's steps and result, and the
+    first message, delivered again, gets that result."""
+    key = f"fenced-{uuid.uuid4().hex}"
+    go = cluster.workdir / f"go-{key}"
+    os.mkfifo(go)
+    cluster.start_worker()
+    first = cluster.send("crash.fenced", key)
+    wait_for(lambda: inside_by(cluster.workdir, key) is not None or first.ready(), timeout=60,
+             what="the first attempt inside its e-mail step")
+    frozen = cluster.workers[-1]
+    assert inside_by(cluster.workdir, key) == frozen.pid, first.result
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        cluster.start_worker()
+        taken = cluster.send("crash.fenced", key).get(timeout=budget(60))
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    taker = cluster.workers[-1].pid
+    assert taken == ["charge done", f"email done by {taker}", "ledger done"]
+    os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))  # the frozen owner reads EOF: on it goes
+    assert first.get(timeout=budget(60)) == taken
+    record = cluster.record("crash.fenced", key)
+    assert record.status is Status.SUCCESS and record.response == taken
+    assert record.retry_count == 1
+    assert counted(cluster.workdir) == {"charge": 1, "email": 2, "ledger": 1}
