@@ -182,7 +182,7 @@ def test_a_frozen_owner_finishing_a_step_after_the_takeover_is_fenced_off(
         os.kill(frozen.pid, signal.SIGCONT)
     taker = cluster.workers[-1].pid
     assert taken == ["charge done", f"email done by {taker}", "ledger done"]
-    os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))  # the frozen owner reads EOF: on it goes
+    go.open("wb").close()  # once the resumed owner opens it to read: EOF, on it goes
     assert first.get(timeout=budget(60)) == taken
     record = cluster.record("crash.fenced", key)
     assert record.status is Status.SUCCESS and record.response == taken
