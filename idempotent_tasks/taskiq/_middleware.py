@@ -84,8 +84,10 @@ class IdempotencyMiddleware(TaskiqMiddleware):
                     f"task {name!r} has the label idempotent=True but was not declared with "
                     "idempotent_tasks.taskiq.idempotent(broker, ...)"
                 )
-            if spec.overrides:  # recovery and cleanup use the same settings
-                self.handler.register_operation(spec.operation or name, **spec.overrides)
+            if spec.overrides:  # recovery and cleanup use what its messages use
+                self.handler.register_operation(
+                    spec.operation or name, **{**self.policies, **spec.overrides}
+                )
         if self.maintenance is not None and self.broker.is_worker_process:
             self.maintenance.start()
 

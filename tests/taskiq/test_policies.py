@@ -76,19 +76,19 @@ def test_a_bad_policy_is_refused_at_construction() -> None:
 def test_reconcile_after_a_crash_answers_done_and_refuses_unknown(
     prefix: str,  # noqa: F811
 ) -> None:
-    """A crashed attempt (``simulate_crash``) whose lease expired: the task's ``reconcile``
-    answers before its body runs again — ``done`` is the task's (replayed) result,
+    """A crashed attempt (``simulate_crash``) whose lease expired: the middleware's
+    ``reconcile`` (the task sets ``on_stuck="reconcile"``) answers before its body runs again — ``done`` is the task's (replayed) result,
     ``unknown`` its error ``OUTCOME_UNCERTAIN`` (acked: a final outcome).  The body never
     runs."""
     clock = FakeClock()
     handler = IdempotencyHandler(MemoryStore(), metrics=None, clock=clock, lease_timeout=30)
-    broker = _broker(prefix).with_middlewares(
-        IdempotencyMiddleware(handler, default_tenant="acme"))
     answers = {"k-done": Reconciled.done(7), "k-unknown": Reconciled.unknown("no answer")}
+    broker = _broker(prefix).with_middlewares(IdempotencyMiddleware(
+        handler, default_tenant="acme", reconcile=lambda ctx: answers[ctx.key]))
     calls: list[int] = []
 
     @idempotent(broker, task_name="it.charge", on_stuck="reconcile",
-                reconcile=lambda ctx: answers[ctx.key], payload=lambda n: {"n": n})
+                payload=lambda n: {"n": n})
     async def charge(n: int) -> int:
         calls.append(n)
         return -1
