@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from idempotent_tasks import OutcomeNotRecordedError, Status
 from idempotent_tasks.stores.redis import RedisStore
 
 from .._services import REDIS_URL
@@ -81,3 +82,21 @@ def test_retry_hands_the_counter_back_to_garbage_collection(
     assert rstore.resolve_uncertain(S, resolution="retry", now=NOW + 5)
     k = rstore._keys(S)
     assert raw.zscore(k.finished, k.member) is None and raw.pttl(k.counter) > 0
+
+
+def test_with_wait_replicas_mark_uncertain_waits_and_save_steps_does_not(
+    rstore: RedisStore,
+) -> None:
+    """On a server with no replica: ``mark_uncertain`` is an outcome write (applied on the
+    primary, then OUTCOME_NOT_RECORDED), ``save_steps`` sends no ``WAIT`` at all."""
+    waiting = RedisStore(REDIS_URL, prefix=rstore.prefix, wait_replicas=1, wait_timeout=0.05)
+    try:
+        token = claim(rstore)
+        assert waiting.save_steps(S, token=token, steps=b"s", now=NOW)
+        with pytest.raises(OutcomeNotRecordedError):
+            waiting.mark_uncertain(S, token=token, now=NOW + 1, detail=b"?")
+        got = rstore.get(S)
+        assert got is not None and got.status is Status.UNCERTAIN
+        assert not waiting.mark_uncertain(S, token=token, now=NOW + 2, detail=None)  # no write
+    finally:
+        waiting.close()
