@@ -205,14 +205,9 @@ class CommonPlans:
     ) -> Plan[bool]:
         """Only an UNCERTAIN record changes; ``retry`` deletes it (counter and steps kept)."""
         p = scope_params(scope)
+        p.update(now=now, response=response, expires_at=expires_at)  # each takes its own
         c = self.common
-        sql = c.resolve_retry
-        if resolution == "done":
-            sql = c.resolve_done
-            p.update(now=now, response=response, expires_at=expires_at)
-        elif resolution == "fail":
-            sql = c.resolve_fail
-            p.update(now=now, expires_at=expires_at)
+        sql = {"done": c.resolve_done, "retry": c.resolve_retry}.get(resolution, c.resolve_fail)
         return bool((yield (sql, p, COUNT)) == 1)
 
     # -- counters and operator actions ----------------------------------------------------
