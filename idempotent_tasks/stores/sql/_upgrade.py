@@ -32,20 +32,18 @@ def upgrade_schema(run: Run, dialect: sa.Dialect, metadata: sa.MetaData, prefix:
     """Add what an earlier release's tables lack (nothing when they are current; tables
     that do not exist yet are left to the caller's ``CREATE``)."""
     records, counters = (metadata.tables[f"{prefix}_{t}"] for t in ("records", "retry_counters"))
-    name = dialect.name
-    if _exists(run, name, counters.name) and "steps" not in _columns(run, name, counters.name):
+    columns = _columns(run, dialect.name, counters.name)
+    if columns and "steps" not in columns:
         steps = counters.c.steps.type.compile(dialect=dialect)
         run(f"ALTER TABLE {_quote(dialect, counters.name)} ADD COLUMN steps {steps}")
-    if _exists(run, name, records.name) and not _check_current(run, name, records.name, prefix):
+    if _columns(run, dialect.name, records.name) and not _check_current(
+        run, dialect, records, prefix
+    ):
         _widen_check(run, dialect, records, f"{prefix}_records_status_ck")
 
 
 def _quote(dialect: sa.Dialect, name: str) -> str:
     return str(dialect.identifier_preparer.quote(name))
-
-
-def _exists(run: Run, dialect: str, table: str) -> bool:
-    return bool(_columns(run, dialect, table))
 
 
 def _columns(run: Run, dialect: str, table: str) -> set[str]:
@@ -61,14 +59,15 @@ def _columns(run: Run, dialect: str, table: str) -> set[str]:
     return {str(row[0]) for row in rows}
 
 
-def _check_current(run: Run, dialect: str, table: str, prefix: str) -> bool:
+def _check_current(run: Run, dialect: sa.Dialect, records: sa.Table, prefix: str) -> bool:
     """Whether the records' status check already admits UNCERTAIN."""
-    if dialect == "sqlite":
+    table = records.name
+    if dialect.name == "sqlite":
         rows = run(f"SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{table}'")
-    elif dialect == "postgresql":
-        rows = run(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
-            f"WHERE conname = '{prefix}_records_status_ck' AND conrelid = '{table}'::regclass"
+    elif dialect.name == "postgresql":
+        rows = run(  # the quoted name: a prefix may have capitals
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = "
+            f"'{prefix}_records_status_ck' AND conrelid = '{_quote(dialect, table)}'::regclass"
         )
     else:
         rows = run(
