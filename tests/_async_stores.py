@@ -23,10 +23,8 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from idempotent_tasks import IdempotencyHandler, Outcome
-from idempotent_tasks._core.drivers import drive_async
+from idempotent_tasks import Abandon, IdempotencyHandler, Outcome, current_context
 from idempotent_tasks._core.errors import StoreUnavailableError
-from idempotent_tasks._core.flow import claim_scope
 from idempotent_tasks._store_contract._face import EventLoopThread
 from idempotent_tasks.testing import simulate_crash
 
@@ -185,15 +183,20 @@ class HandlerFacade:
 
 
 def crash(h: Any, **kw: Any) -> int | Outcome:
-    """``testing.simulate_crash`` on either face: claim a scope and leave it PROCESSING."""
+    """``testing.simulate_crash`` on either face: claim a scope and leave it PROCESSING (on
+    the async face: a coroutine body that raises ``Abandon``, as a killed worker leaves it)."""
     if not isinstance(h, HandlerFacade):
         return simulate_crash(h, **kw)
-    handler = h.handler
-    call = handler._engine.prepare(
-        kw["operation"], kw["tenant"], kw["key"], kw.get("payload"), True,
-        lease_timeout=kw.get("lease_timeout"),
-    )
-    assert call is not None
-    engine = handler._engine
-    claimed = h.loop.run(drive_async(engine, claim_scope(engine, call)))
-    return claimed if isinstance(claimed, Outcome) else claimed.token
+    tokens: list[int] = []
+
+    async def abandoned() -> None:
+        token = current_context().fencing_token
+        assert token is not None
+        tokens.append(token)
+        raise Abandon()
+
+    try:
+        outcome = h.loop.run(h.handler.run_async(abandoned, **kw))
+    except Abandon:
+        return tokens[0]
+    return outcome

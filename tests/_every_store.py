@@ -17,28 +17,19 @@ from idempotent_tasks.testing import FakeClock
 from ._async_stores import (
     ASYNC_STORE_KINDS,
     HandlerFacade,
-    async_store_on_a_loop,
     is_async,
     loop_of,
 )
 from ._wait import budget
-from .conftest import STORE_KINDS, drop_store, make_store, unique_prefix
+from .conftest import STORE_KINDS, store_of_kind
 
 SCOPE = {"operation": "reports.build", "tenant": "acme", "key": "r-1"}
 
 
 @pytest.fixture(params=STORE_KINDS + ASYNC_STORE_KINDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    kind: str = request.param
-    if kind not in ASYNC_STORE_KINDS:
-        s = make_store(kind, tmp_path)
-        try:
-            yield s
-        finally:
-            drop_store(s)
-        return
-    with async_store_on_a_loop(kind, unique_prefix("pol")) as (inner, _):
-        yield inner
+    with store_of_kind(request.param, tmp_path, "pol") as made:
+        yield made
 
 
 class Events:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,23 @@ def drop_store(store: Store) -> None:
     if callable(drop):
         drop()
     store.close()
+
+
+@contextlib.contextmanager
+def store_of_kind(kind: str, tmp_path: Path, base: str = "t") -> Iterator[Any]:
+    """A fresh store of ``kind``: a sync one (``STORE_KINDS``), or an async one living on a
+    loop thread of its own (``ASYNC_STORE_KINDS``); dropped afterwards."""
+    from ._async_stores import ASYNC_STORE_KINDS, async_store_on_a_loop
+
+    if kind in ASYNC_STORE_KINDS:
+        with async_store_on_a_loop(kind, unique_prefix(base)) as (inner, _):
+            yield inner
+        return
+    made = make_store(kind, tmp_path)
+    try:
+        yield made
+    finally:
+        drop_store(made)
 
 
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:

@@ -33,12 +33,11 @@ from ._async_stores import (
     ASYNC_STORE_KINDS,
     AsyncFaultyStore,
     HandlerFacade,
-    async_store_on_a_loop,
     crash,
     is_async,
     loop_of,
 )
-from .conftest import STORE_KINDS, drop_store, make_store, unique_prefix
+from .conftest import STORE_KINDS, store_of_kind
 
 
 class ValidationError(Exception):
@@ -58,15 +57,8 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store(store_kind: str, tmp_path: Path) -> Iterator[Any]:
     """A sync store, or an async one living on a loop thread of its own."""
-    if store_kind not in ASYNC_STORE_KINDS:
-        s = make_store(store_kind, tmp_path)
-        try:
-            yield s
-        finally:
-            drop_store(s)
-        return
-    with async_store_on_a_loop(store_kind, unique_prefix("ah")) as (inner, _):
-        yield inner
+    with store_of_kind(store_kind, tmp_path, "ah") as made:
+        yield made
 
 
 def make_handler(store: Any, clock: FakeClock, **kw: Any) -> Any:

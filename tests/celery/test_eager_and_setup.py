@@ -156,7 +156,7 @@ def test_worker_maintenance_runs_recovery_under_a_store_lease() -> None:
     state = setup(app, handler, maintenance="worker", recover_every=0.05, cleanup_every=60)
     assert RECOVER_TASK not in (app.conf.beat_schedule or {})
     assert RECOVER_TASK in app.tasks and CLEANUP_TASK in app.tasks
-    call = handler._engine.prepare("m.op", "t", key(), {"x": 1}, True, lease_timeout=0.01)
+    call = handler._engine.prepare("m.op", "t", key(), {"x": 1}, True, {"lease_timeout": 0.01})
     assert call is not None
     claimed(handler, call)  # the claiming worker "died"
     worker = FakeWorker(app)

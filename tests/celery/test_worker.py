@@ -428,7 +428,7 @@ def test_beat_entries_and_maintenance_tasks(env: Env) -> None:
     # a claimed scope whose worker died: its lease is already over
     h, k = env.handler, key()
     call = h._engine.prepare("t.charge", TENANT, k, {"args": ["o-stuck", 1], "kwargs": {}}, True,
-                     lease_timeout=0.01)
+                             {"lease_timeout": 0.01})
     assert call is not None
     claimed(h, call)
     wait_for(lambda: h.clock() > env.record(env.tasks["charge"], k).lease_expires_at)

@@ -18,8 +18,8 @@ from idempotent_tasks import IdempotencyHandler, MemoryCache, MemoryStore
 from idempotent_tasks._core import tracing
 from idempotent_tasks._core.records import Scope, Status
 
-from .._async_stores import ASYNC_STORE_KINDS, LoopThread, async_store_on_a_loop
-from ..conftest import STORE_KINDS, drop_store, make_store, unique_prefix
+from .._async_stores import ASYNC_STORE_KINDS, LoopThread, loop_of
+from ..conftest import STORE_KINDS, drop_store, make_store, store_of_kind
 from .conftest import Spans, attributes, link_targets
 
 OP, TENANT = "orders.charge", "acme"
@@ -33,16 +33,10 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store(kind: str, tmp_path: Path) -> Iterator[Any]:
-    if kind not in ASYNC_STORE_KINDS:
-        s = make_store(kind, tmp_path)
-        try:
-            yield s
-        finally:
-            drop_store(s)
-        return
-    with async_store_on_a_loop(kind, unique_prefix("ot")) as (inner, loop):
-        inner._test_loop = loop
-        yield inner
+    with store_of_kind(kind, tmp_path, "ot") as made:
+        if kind in ASYNC_STORE_KINDS:
+            made._test_loop = loop_of(made)
+        yield made
 
 
 def deliver(spans: Spans, h: IdempotencyHandler, store: Any, key: str, value: Any) -> Any:
