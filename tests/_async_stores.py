@@ -175,6 +175,9 @@ class HandlerFacade:
     def unpoison(self, **kw: Any) -> Any:
         return self.loop.run(self.handler.unpoison_async(**kw))
 
+    def resolve(self, **kw: Any) -> Any:
+        return self.loop.run(self.handler.resolve_async(**kw))
+
     def close(self) -> None:
         self.handler.close()
 

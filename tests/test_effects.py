@@ -326,3 +326,22 @@ def test_an_async_reconcile_for_a_coroutine_body() -> None:
     outcome = asyncio.run(h.run_async(body, **SCOPE))
     assert (outcome.kind, outcome.result) == ("replayed", "looked up")
     finish(thread, crashed)
+
+
+def test_a_transactional_body_cannot_use_steps(tmp_path: Any) -> None:
+    """Its writes are exactly-once already; a step recorded apart from its transaction could
+    outlive writes the transaction rolled back."""
+    from idempotent_tasks import SQLStore
+
+    store = SQLStore(f"sqlite:///{tmp_path}/steps.db")
+    store.create_schema()
+    h = IdempotencyHandler(store, metrics=None)
+
+    def body(conn: Any) -> Any:
+        return current_context().step("charge", lambda: 1)
+
+    outcome = h.run(body, transactional=True, **SCOPE)
+    assert outcome.kind == "poisoned"
+    assert isinstance(outcome.exception, ConfigurationError)
+    assert "transactional" in str(outcome.exception)
+    store.close()

@@ -22,6 +22,12 @@ What is exactly-once and what is not:
 The steps of a scope live beside its retry counter (``stores.effects``): a release keeps
 them, and they go with the counter (expiry, ``unpoison``, a new attempt after a policy's
 ``reopen``).  Bodies that use no step pay nothing: the journal is built on the first call.
+
+A transactional body (``transactional=True``) cannot use steps: its database writes are
+exactly-once already, and a step recorded outside its transaction could outlive writes the
+transaction rolled back (a lost write on the next attempt), while one recorded inside it would
+not outlive the external effect it stands for.  Such a body gets CONFIGURATION_ERROR; external
+calls from it take ``ctx.derived_key(name)`` as their idempotency key instead.
 """
 
 from __future__ import annotations
@@ -173,11 +179,18 @@ class BodyContext(LazyCountContext):
     """The context of a body the handler runs: a lazily read counter (the parent class)
     and the steps journal, built on the body's first step."""
 
-    __slots__ = ("_journal",)
+    __slots__ = ("_journal", "_no_steps")
+
+    def refuse_steps(self, reason: str) -> None:
+        """Make every step of this body a CONFIGURATION_ERROR saying ``reason``."""
+        self._no_steps = reason
 
     def _steps(self) -> StepJournal:
         journal: StepJournal | None = getattr(self, "_journal", None)  # unset until a step
         if journal is None:
+            refusal: str | None = getattr(self, "_no_steps", None)
+            if refusal is not None:
+                raise ConfigurationError(refusal)
             engine: Engine | None = self._engine
             scope, token = self._scope, self.fencing_token
             assert engine is not None and scope is not None and token is not None

@@ -25,6 +25,7 @@ from .flow import Flow, body_context, claim_scope, decide, lease_of
 from .outcome import Outcome, OutcomeKind, refusal_kind
 from .recording import body_failed, is_permanent, poison, unstorable
 from .records import IdempotencyContext
+from .steps import BodyContext
 from .store_calls import Get, Release
 from .transaction_context import bound_to_transaction
 
@@ -64,6 +65,11 @@ def _in_transaction(
     permanent: Permanent,
 ) -> Flow:
     ctx = body_context(engine, call, claim)
+    if isinstance(ctx, BodyContext):
+        ctx.refuse_steps(
+            "steps are for effects outside the database; a transactional body's writes are "
+            "exactly-once already (pass ctx.derived_key(name) to external calls instead)"
+        )
     try:
         body = bound_to_transaction(fn, engine)  # current_outbox() reaches tx.connection
         value = yield RunBody(body, (tx.connection,), ctx, lease_of(engine, call, claim))

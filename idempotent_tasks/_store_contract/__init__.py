@@ -4,8 +4,9 @@
 Subclass it and give it a store, and every rule of :mod:`idempotent_tasks.stores.base` runs
 against that store: atomic claims under concurrency, monotonic fencing, writes conditional on
 (PROCESSING, token), counters that outlive records, expiry, batches, recovery and cleanup,
-named leases, the operators' calls, and the optional ``reopen`` primitive
-(:mod:`idempotent_tasks.stores.reopen`; its rules are skipped on a store without it).  A
+named leases, the operators' calls, the optional ``reopen`` primitive
+(:mod:`idempotent_tasks.stores.reopen`) and the optional recorded steps and UNCERTAIN status
+(:mod:`idempotent_tasks.stores.effects`); optional rules are skipped on a store without them.  A
 store that breaks a rule fails at least one test.
 
 * A sync store: a fixture ``store`` (on the class, in the module or in a ``conftest.py``)
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from ._effects import StepRules, UncertainRules
 from ._face import BlockingStore, blocking
 from ._fencing import FencingRules, RaceRules
 from ._hot_path import HotPathRules
@@ -44,7 +46,7 @@ _ASYNC_FACE = pytest.fixture(name="store")(_blocking_store)
 
 
 class StoreContract(HotPathRules, FencingRules, RaceRules, BatchRules, MaintenanceRules,
-                    AdminRules, ReopenRules):
+                    AdminRules, ReopenRules, StepRules, UncertainRules):
     """The store contract, one test per rule; see the module docstring.
 
     ::

@@ -15,6 +15,7 @@ Runs inside the initial migration (in its transaction), never at import.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -29,10 +30,12 @@ from sqlalchemy.schema import (
 from .._core.errors import ConfigurationError
 from ..stores.sql.protocol import (
     DEFAULT_TABLE_PREFIX,
+    UPGRADABLE,
     build_metadata,
     fencing_sequence,
     fencing_table,
 )
+from ..stores.sql.protocol import upgrade_schema as sql_upgrade_schema
 
 #: The tables' prefix: the migrations create the SQL store's default tables.
 PREFIX: Final = DEFAULT_TABLE_PREFIX
@@ -101,10 +104,27 @@ def drop_schema(connection: Any) -> None:
             cursor.execute(f"DROP SEQUENCE {_sequence_name(dialect)}")
 
 
+def upgrade_schema(connection: Any) -> None:
+    """Bring tables made by an earlier release up to date in place (the counters' ``steps``
+    column, the status check admitting UNCERTAIN), as ``SQLStore.create_schema()`` does;
+    then create what the upgrade dropped with a rebuilt table (SQLite's indexes and token
+    triggers).  Runs inside the migration's transaction."""
+    vendor = connection.vendor
+    with connection.cursor() as cursor:
+
+        def run(sql: str) -> Sequence[Sequence[Any]]:
+            cursor.execute(sql)
+            return list(cursor.fetchall()) if cursor.description else []
+
+        sql_upgrade_schema(run, sa_dialect(vendor), build_metadata(PREFIX), PREFIX)
+    create_schema(connection)
+
+
 def _refuse_mismatch(connection: Any, cursor: Any, table: sa.Table) -> None:
     found = [c.name for c in connection.introspection.get_table_description(cursor, table.name)]
     wanted = [c.name for c in table.columns]
-    problems = [f"missing column {n!r}" for n in wanted if n not in found]
+    # A column an earlier release's table lacks is added by the upgrade migration.
+    problems = [f"missing column {n!r}" for n in wanted if n not in found and n not in UPGRADABLE]
     problems += [f"unexpected column {n!r}" for n in found if n not in wanted]
     constraints = connection.introspection.get_constraints(cursor, table.name).values()
     pk: list[str] = next((c["columns"] for c in constraints if c.get("primary_key")), [])
@@ -165,4 +185,6 @@ def _create_fencing(cursor: Any, quote: Any, records: str, *, seed: bool) -> Non
         )
 
 
-__all__ = ["PREFIX", "SUPPORTED_VENDORS", "create_schema", "drop_schema", "sa_dialect"]
+__all__ = [
+    "PREFIX", "SUPPORTED_VENDORS", "create_schema", "drop_schema", "sa_dialect", "upgrade_schema",
+]

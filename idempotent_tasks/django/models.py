@@ -104,7 +104,10 @@ def _build() -> Tables:
             db_table = f"{PREFIX}_records"
             verbose_name = "idempotency record"
             ordering = ("created_at", "tenant", "operation", "key")
-            permissions = (("unpoison_idempotencyrecord", "Can unpoison idempotency records"),)
+            permissions = (
+                ("unpoison_idempotencyrecord", "Can unpoison idempotency records"),
+                ("resolve_idempotencyrecord", "Can resolve UNCERTAIN idempotency records"),
+            )
 
         def __str__(self) -> str:
             return f"{self.tenant} / {self.operation} / {self.key}"
@@ -117,6 +120,8 @@ def _build() -> Tables:
         key = models.TextField(primary_key=True)
         count = models.IntegerField()
         updated_at = models.FloatField()
+        #: The scope's recorded steps (opaque; they go with the counter).
+        steps = models.BinaryField(null=True)
 
         class Meta:
             app_label = "idempotent_tasks"

@@ -3,8 +3,8 @@
 * Guarantee: every primitive is atomic within one process (one ``threading.Lock``);
   nothing survives the process.  Use it in unit tests and in users' own test suites.
 * Atomic primitive: the lock around a dict keyed by :class:`Scope`.
-* Fencing tokens: one counter for the whole store, advanced under the lock by every claim
-  and takeover, so tokens grow per scope (and overall) and are never reused.
+* Fencing tokens: one counter for the whole store, advanced under the lock by every claim,
+  takeover and reopen, so tokens grow per scope (and overall) and are never reused.
 * TTL: nothing expires by itself; ``create`` treats ``expires_at <= now`` as absent and
   ``delete_expired`` purges, exactly like the durable stores.
 * URL: ``memory://``.

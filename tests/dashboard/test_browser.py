@@ -19,7 +19,6 @@ import pytest
 
 from idempotent_tasks import IdempotencyHandler, Status
 from idempotent_tasks.dashboard import create_app
-from idempotent_tasks.stores.effects import UncertainStore
 from idempotent_tasks.testing import FakeClock
 
 from .._services import IN_CI
@@ -188,8 +187,6 @@ def test_screenshots_of_the_main_pages(page: Any, served: Served, tmp_path: Path
 def test_resolve_an_uncertain_record_from_the_page(page: Any, served: Served) -> None:
     """An operator finds the UNCERTAIN record on the index, reads why on its page, signs
     in and resolves it as done with a result, which the next delivery gets replayed."""
-    if not isinstance(served.store, UncertainStore):
-        pytest.skip(f"{type(served.store).__name__} keeps no UNCERTAIN records yet")
     scope = park_uncertain(served.handler, served.population)
     tenant, operation, key = scope
     page.goto(served.url + "/")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from django.core.management import call_command
 from django.db import connections
 
@@ -17,6 +18,9 @@ from idempotent_tasks import ConfigurationError, IdempotencyHandler, SQLStore, S
 from idempotent_tasks._core.records import Scope
 from idempotent_tasks.cli import main as cli_main
 from idempotent_tasks.django import DjangoStore
+from idempotent_tasks.django._schema import PREFIX
+
+from ..stores._old_schema import KEPT, NOW, create_old_schema
 
 
 def sql_url(alias: str) -> str:
@@ -100,6 +104,31 @@ def test_migrate_adopts_tables_sqlstore_created_with_their_records(
     from idempotent_tasks.django.models import IdempotencyRecord
 
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"old", "new"}
+
+
+def test_migrate_upgrades_the_previous_releases_tables(unmigrated: str) -> None:
+    """Tables the release before recorded steps and UNCERTAIN made (``SQLStore`` or these
+    migrations, same DDL) are adopted by ``0001`` and upgraded in place by ``0004``."""
+    alias = unmigrated
+    engine = sa.create_engine(sql_url(alias))
+    try:
+        with engine.begin() as conn:
+            create_old_schema(conn, "sqlite" if alias == "sqlite" else "postgres", PREFIX)
+    finally:
+        engine.dispose()
+    migrate(alias)
+    store = DjangoStore(using=alias)
+    kept = store.get(KEPT)
+    assert kept is not None and kept.fencing_token == 7 and kept.response == b"ok"
+    scope = Scope("t", "op", "new")
+    token = store.create(scope, request_hash="h", now=NOW, lease_expires_at=NOW + 30)
+    assert token.created and token.record.fencing_token > 7
+    new = token.record.fencing_token
+    assert store.save_steps(scope, token=new, steps=b"steps", now=NOW + 1)
+    assert store.mark_uncertain(scope, token=new, now=NOW + 2, detail=b"unknown")
+    assert store.load_steps(scope) == b"steps"
+    got = store.get(scope)
+    assert got is not None and got.status is Status.UNCERTAIN
 
 
 def test_without_the_tables_the_store_says_migrate(unmigrated: str) -> None:

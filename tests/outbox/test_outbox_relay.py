@@ -106,7 +106,7 @@ def test_outbox_rejected_rows_are_retried_with_backoff_then_poisoned(env: Env, r
 
 def test_outbox_broker_outage_backs_off_without_counting_attempts(env: Env, rabbit_url: str
                                                                  ) -> None:
-    from tests.consumers.conftest import free_port
+    from tests._services import free_port
 
     queue = declare_queue(rabbit_url)
     stage(env, "parent-d", [rabbit(queue, 0)])

@@ -159,6 +159,14 @@ CALLS: dict[str, Callable[[Store], object]] = {
     "record_failure": lambda s: s.record_failure(
         S, token=1, now=NOW, max_retries=3, expires_at=NOW
     ),
+    "save_steps": lambda s: s.save_steps(S, token=1, steps=b"{}", now=NOW),  # type: ignore[attr-defined]
+    "load_steps": lambda s: s.load_steps(S),  # type: ignore[attr-defined]
+    "mark_uncertain": lambda s: s.mark_uncertain(  # type: ignore[attr-defined]
+        S, token=1, now=NOW, detail=None
+    ),
+    "resolve_uncertain": lambda s: s.resolve_uncertain(  # type: ignore[attr-defined]
+        S, resolution="retry", now=NOW
+    ),
     "get_retry_count": lambda s: s.get_retry_count(S),
     "reset_retry_count": lambda s: s.reset_retry_count(S),
     "delete_record": lambda s: s.delete_record(S),

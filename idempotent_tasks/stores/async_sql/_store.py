@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
+from ..effects import Resolution
 from ._transaction import AsyncSQLTransactions
 
 
@@ -88,6 +89,31 @@ class AsyncSQLStore(AsyncSQLTransactions):
         return await self._execute("record_failure", self._plans.record_failure(
             scope, token=token, now=now, max_retries=max_retries, expires_at=expires_at,
             only_if_lease_expired=only_if_lease_expired,
+        ))
+
+    # -- steps and the UNCERTAIN status (stores.effects) ------------------------------------
+    async def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> bool:
+        """The scope's steps on its counter row, fenced by ``token`` (``stores.effects``)."""
+        return await self._execute("save_steps", self._plans.save_steps(
+            scope, token=token, steps=steps, now=now
+        ))
+
+    async def load_steps(self, scope: Scope) -> bytes | None:
+        return await self._execute("load_steps", self._plans.load_steps(scope))
+
+    async def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> bool:
+        return await self._execute("mark_uncertain", self._plans.mark_uncertain(
+            scope, token=token, now=now, detail=detail
+        ))
+
+    async def resolve_uncertain(
+        self, scope: Scope, *, resolution: Resolution, now: float,
+        response: bytes | None = None, expires_at: float | None = None,
+    ) -> bool:
+        return await self._execute("resolve_uncertain", self._plans.resolve_uncertain(
+            scope, resolution=resolution, now=now, response=response, expires_at=expires_at
         ))
 
     # -- counters and operator actions ------------------------------------------------------

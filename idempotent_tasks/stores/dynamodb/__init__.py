@@ -39,32 +39,42 @@ change one conditional write.
 
       <prefix>#R#<digest>   record: t, o, k (scope), st, rh, rs, tk, ca, ua, le, ex, gp, gs, gc
                             (a tombstone keeps pk, tk and gc only)
-      <prefix>#C#<digest>   retry counter: n, ua, t, o, k, gp, gs, gc — outlives its record
+      <prefix>#C#<digest>   retry counter: n, ua, t, o, k, gp, gs, gc, and steps (the
+                            recorded steps, binary) — outlives its record
       <prefix>#L#<name>     maintenance lease: ow, lx, gc
       <prefix>#T            the token blocks' counter: nb
       <prefix>#B#<n>        the marker of token block n: gc
 
 * Index: the global secondary index ``status-time`` (partition ``gp``, sort ``gs``; every
   record attribute but the response projected) holds each record under
-  ``<prefix>#P|S|F#<shard>`` — PROCESSING sorted by ``updated_at``, SUCCESS/FAILED by
-  ``expires_at`` — and each counter under ``<prefix>#C#<shard>`` sorted by its last change.
-  ``index_shards`` (default 8) spreads each status over that many index partitions, so no
-  single index partition takes every claim's write (a hot index partition would throttle
-  the table).  Costs: ``find_stuck`` = one Query per shard (reading the PROCESSING records
-  oldest first, live leases filtered out) + one strongly consistent ``BatchGetItem`` of the
-  candidates (the index is eventually consistent); ``delete_expired`` = one Query per status
-  and shard + one conditional write per purged record, one Query per shard + one
-  transaction per purged counter (deleted only while the scope has no record);
-  ``stats`` reads every index partition; ``list_records`` scans the table (operators only).
+  ``<prefix>#P|S|F|U#<shard>`` — PROCESSING and UNCERTAIN sorted by ``updated_at``,
+  SUCCESS/FAILED by ``expires_at`` — and each counter under ``<prefix>#C#<shard>`` sorted
+  by its last change.  ``index_shards`` (default 8) spreads each status over that many
+  index partitions, so no single index partition takes every claim's write (a hot index
+  partition would throttle the table).  Costs: ``find_stuck`` = one Query per shard
+  (reading the PROCESSING records oldest first, live leases filtered out) + one strongly
+  consistent ``BatchGetItem`` of the candidates (the index is eventually consistent);
+  ``delete_expired`` = one Query per status and shard + one conditional write per purged
+  record, one Query per shard + one transaction per purged counter (deleted only while the
+  scope has no record); ``stats`` reads every index partition; ``list_records`` scans the
+  table (operators only).
   Nothing on the hot path queries or scans.  Every record write also writes the index (one
   more write unit per state change).
+* Steps and UNCERTAIN (``_effects``): ``save_steps`` is one ``TransactWriteItems`` (a
+  ``ConditionCheck`` of the record, PROCESSING with the token, and the counter's
+  ``Update``), so whatever deletes the counter removes the steps.  ``mark_uncertain``
+  updates the record and removes the TTL attribute of the record and of its counter in one
+  transaction (one conditional ``UpdateItem`` when there is no counter): an UNCERTAIN
+  record and its steps wait for an operator.  ``resolve_uncertain`` is one conditional
+  ``UpdateItem``.
 * TTL: expiry and leases are decided by the handler's clock from stored timestamps, never by
   DynamoDB.  The TTL attribute ``gc`` is only garbage collection, set ``gc_ttl`` beyond the
   logical end (lease or expiry) measured by the wall clock; ``gc_ttl`` must exceed the
   handler's ``ttl`` and ``lease_timeout``.  ``delete_expired`` turns expired records into
   tombstones; the TTL removes tombstones, stale leases and forgotten counters.
 * Limits: an item is at most 400 KB, so keep ``max_response_bytes`` below ~350 KB with this
-  store (a larger response cannot be recorded: ``OUTCOME_NOT_RECORDED``).
+  store (a larger response cannot be recorded: ``OUTCOME_NOT_RECORDED``); the same bound
+  holds for a scope's recorded steps, all in its counter item.
 * Failures: a missing table or index, credentials or region raise
   :class:`~idempotent_tasks.ConfigurationError`; throttling
   (``ProvisionedThroughputExceededException``, ``ThrottlingException``,

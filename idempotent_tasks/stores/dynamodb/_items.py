@@ -21,7 +21,9 @@ INDEX: Final = "status-time"
 INDEX_ATTRIBUTES: Final = ("t", "o", "k", "st", "rh", "tk", "ca", "ua", "le", "ex")
 #: The DynamoDB TTL attribute (epoch seconds by AWS's clock): garbage collection only.
 GC: Final = "gc"
-_STATUS_TAG: Final = {Status.PROCESSING: "P", Status.SUCCESS: "S", Status.FAILED: "F"}
+_STATUS_TAG: Final = {
+    Status.PROCESSING: "P", Status.SUCCESS: "S", Status.FAILED: "F", Status.UNCERTAIN: "U"
+}
 STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
 #: What a tombstone keeps: the key, the scope's last fencing token and the GC time.
 TOMBSTONE_REMOVE: Final = "REMOVE t, o, k, st, rh, rs, ca, ua, le, ex, gp, gs"
@@ -65,8 +67,8 @@ class Keys:
 
     def partition(self, tag: str, shard: int) -> str:
         """An index partition: ``<prefix>#P#<shard>`` (PROCESSING, sorted by ``updated_at``),
-        ``#S#``/``#F#`` (SUCCESS/FAILED, sorted by ``expires_at``), ``#C#`` (counters, sorted
-        by their last change)."""
+        ``#S#``/``#F#`` (SUCCESS/FAILED, sorted by ``expires_at``), ``#U#`` (UNCERTAIN,
+        sorted by ``updated_at``), ``#C#`` (counters, sorted by their last change)."""
         return f"{self.prefix}#{tag}#{shard}"
 
     def status_partition(self, status: Status, digest: str) -> dict[str, str]:

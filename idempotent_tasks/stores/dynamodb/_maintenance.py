@@ -233,7 +233,7 @@ class DynamoDBMaintenance(DynamoDBPlumbing):
         def run(_: Any) -> dict[tuple[str, Status], int]:
             counts: dict[tuple[str, Status], int] = {}
             for tag, status in (("P", Status.PROCESSING), ("S", Status.SUCCESS),
-                                ("F", Status.FAILED)):
+                                ("F", Status.FAILED), ("U", Status.UNCERTAIN)):
                 for partition in self._keys.partitions(tag):
                     for item in self._query(partition, "", {}, 1000):
                         key = (item["o"]["S"], status)

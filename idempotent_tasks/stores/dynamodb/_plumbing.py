@@ -27,6 +27,10 @@ _TABLE_RE: Final = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 #: Cancellation reasons the store answers itself: a failed condition (it re-reads) and a
 #: conflict with another transaction on the same item (it tries again).
 _RETRY_REASONS: Final = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
+#: A transaction item's reason code when its own condition failed.
+FAILED_CHECK: Final = "ConditionalCheckFailed"
+#: How often a write runs again after losing a race (a conflict, a replaced record).
+ATTEMPTS: Final = 50
 
 _T = TypeVar("_T")
 

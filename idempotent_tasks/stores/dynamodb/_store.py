@@ -9,6 +9,7 @@ from typing import Any, Final
 from ..._core.errors import StoreUnavailableError
 from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
+from ._effects import DynamoDBEffects
 from ._items import (
     GC,
     LEASE_EXPIRED,
@@ -23,17 +24,13 @@ from ._items import (
     s,
     scope_attrs,
 )
-from ._maintenance import DynamoDBMaintenance
-from ._plumbing import Refused
+from ._plumbing import ATTEMPTS, FAILED_CHECK, Refused
 
-#: How often a claim runs again after losing a race (a replaced or released record).
-_ATTEMPTS: Final = 50
 #: A record may be written over when there is none (or a tombstone of an older attempt).
 _CLAIMABLE: Final = "attribute_not_exists(st) AND (attribute_not_exists(tk) OR tk < :token)"
-_FAILED_CHECK: Final = "ConditionalCheckFailed"
 
 
-class DynamoDBStore(DynamoDBMaintenance):
+class DynamoDBStore(DynamoDBEffects):
     """The store contract on one DynamoDB table; see the package docstring."""
 
     # -- claims -----------------------------------------------------------------------------
@@ -53,7 +50,7 @@ class DynamoDBStore(DynamoDBMaintenance):
     def _create(self, scope: Scope, request_hash: str, now: float, lease: float) -> CreateResult:
         digest = self._keys.digest(scope)
         above = 0
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             token = self._draw(above)
             item = claim_item(self._keys, scope, digest, request_hash, token, now, lease,
                               self.gc_ttl)
@@ -196,10 +193,9 @@ class DynamoDBStore(DynamoDBMaintenance):
         values = {**scope_attrs_values(scope), ":n": n(seen + 1), ":now": n(now),
                   ":cp": {"S": self._keys.partition("C", self._keys.shard(digest))},
                   ":cgc": gc_at(0.0, self.gc_ttl)}
-        condition = "attribute_not_exists(n)"
-        if seen:
-            values[":seen"] = n(seen)
-            condition = "n = :seen"
+        values[":seen"] = n(seen)
+        # a counter made by save_steps starts at 0 (it has n); one never counted has no n
+        condition = "n = :seen" if seen else "attribute_not_exists(n) OR n = :seen"
         return {"Update": {
             "Key": self._keys.counter(digest), "ConditionExpression": condition,
             "UpdateExpression": f"SET n = :n, ua = :now, t = :t, o = :o, k = :k, gp = :cp, "
@@ -214,12 +210,12 @@ class DynamoDBStore(DynamoDBMaintenance):
         digest = self._keys.digest(scope)
 
         def run(_: Any) -> Any:
-            for _attempt in range(_ATTEMPTS):
+            for _attempt in range(ATTEMPTS):
                 seen = self._count(digest)
                 try:
                     return write(digest, seen)
                 except Refused as refused:
-                    if refused.reasons and refused.reasons[0] == _FAILED_CHECK:
+                    if refused.reasons and refused.reasons[0] == FAILED_CHECK:
                         return None
             raise StoreUnavailableError(f"dynamodb store: {what} kept racing the counter")
 
@@ -292,7 +288,7 @@ class DynamoDBStore(DynamoDBMaintenance):
         digest = self._keys.digest(scope)
 
         def run(_: Any) -> int | None:
-            for _attempt in range(_ATTEMPTS):
+            for _attempt in range(ATTEMPTS):
                 token = self._tokens.draw(self.client, expected_token)
                 if token is None:
                     return None  # no attempt ever had ``expected_token``: the record cannot
@@ -301,7 +297,7 @@ class DynamoDBStore(DynamoDBMaintenance):
                                                    lease_expires_at),
                                     {"Delete": {"Key": self._keys.counter(digest)}}])
                 except Refused as refused:
-                    if refused.reasons and refused.reasons[0] == _FAILED_CHECK:
+                    if refused.reasons and refused.reasons[0] == FAILED_CHECK:
                         return None
                     continue
                 return token

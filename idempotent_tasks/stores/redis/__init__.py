@@ -37,9 +37,11 @@ Redis together.
   256 *shards*, and the shard is the hash tag::
 
       <prefix>:{<shard>}:<member>:r   record (hash: status, hash, response, token, times, scope)
-      <prefix>:{<shard>}:<member>:c   retry counter (hash: n, ua), lives apart from the record
+      <prefix>:{<shard>}:<member>:c   retry counter (hash: n, ua, and s: the recorded steps),
+                                      lives apart from the record
       <prefix>:{<shard>}:p            PROCESSING members scored by lease expiry
-      <prefix>:{<shard>}:f            SUCCESS/FAILED members scored by expires_at
+      <prefix>:{<shard>}:f            SUCCESS/FAILED members scored by expires_at, UNCERTAIN
+                                      ones at +inf (listed, never due)
       <prefix>:{<shard>}:ci           counter members scored by their last change
       <prefix>:{<shard>}:t            the shard's fencing-token counter (never expires)
       <prefix>:{lock}:<name>          maintenance leases
@@ -63,7 +65,8 @@ Redis together.
   ``now`` it passes in), never by Redis's clock.  Redis TTLs are only garbage collection,
   set well beyond the logical expiry: a PROCESSING record gets ``lease remaining +
   gc_ttl``, a finished record and its counter ``max(expires_at - now, 0) + gc_ttl``, a
-  released scope's counter ``gc_ttl`` from its last change.  **gc_ttl must exceed the
+  released scope's counter ``gc_ttl`` from its last change.  An UNCERTAIN record and its
+  counter (its recorded steps) get none: they wait for an operator.  **gc_ttl must exceed the
   handler's ``ttl``** (the counter must live at least ``ttl`` after its last change) and
   its ``lease_timeout``; the default is 7 days.
 * Round trips: one per claim and one per completion; a batch is one pipeline.  The blocking

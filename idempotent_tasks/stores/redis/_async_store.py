@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 from ..._core.errors import ConfigurationError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
+from ..effects import Resolution
 from ._client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GC_TTL,
@@ -147,6 +148,30 @@ class AsyncRedisStore(RedisStoreBase):
         plan = self._protocol.record_failure(
             scope, token, now, max_retries, expires_at, only_if_lease_expired
         )
+        return await self._run(plan, scope)
+
+    # -- steps and the UNCERTAIN status (stores.effects) --------------------------------
+    async def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> bool:
+        return await self._run(self._protocol.save_steps(scope, token, steps, now), scope)
+
+    async def load_steps(self, scope: Scope) -> bytes | None:
+        return await self._run(self._protocol.load_steps(scope), scope)
+
+    async def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> bool:
+        return await self._run(self._protocol.mark_uncertain(scope, token, now, detail), scope)
+
+    async def resolve_uncertain(
+        self,
+        scope: Scope,
+        *,
+        resolution: Resolution,
+        now: float,
+        response: bytes | None = None,
+        expires_at: float | None = None,
+    ) -> bool:
+        plan = self._protocol.resolve_uncertain(scope, resolution, now, response, expires_at)
         return await self._run(plan, scope)
 
     # -- counters and operator actions --------------------------------------------------

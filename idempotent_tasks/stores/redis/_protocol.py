@@ -16,6 +16,7 @@ from typing import Any, Final
 from ..._core.errors import ConfigurationError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
+from ..effects import Resolution
 from ._maintenance import MaintenancePlans
 from ._records import FIELDS, SHARD_DIGITS, Keys, claim_result, record
 from ._replication import ReplicaWaits
@@ -213,6 +214,39 @@ class RedisProtocol(MaintenancePlans):
         if not isinstance(reply, list):
             return None
         return FailureResult(int(reply[0]), poisoned=bool(reply[1]))
+
+    # -- steps and the UNCERTAIN status (stores.effects) --------------------------------
+    def save_steps(self, scope: Scope, token: int, steps: bytes, now: float) -> Plan[bool]:
+        """One ``save_steps.lua`` call: the blob goes into the counter, fenced by the record."""
+        k = Keys(scope, self.shards)
+        keys = (k.record, k.counter, k.counter_index)
+        return bool((yield from self.eval("save_steps", keys, (token, steps, now, self.gc_ms))))
+
+    def load_steps(self, scope: Scope) -> Plan[bytes | None]:
+        k = Keys(scope, self.shards)
+        steps: bytes | None = checked((yield ("HGET", k.counter, "s")))
+        return steps
+
+    def mark_uncertain(
+        self, scope: Scope, token: int, now: float, detail: bytes | None
+    ) -> Plan[bool]:
+        k = Keys(scope, self.shards)
+        keys = (k.record, k.counter, k.processing, k.finished)
+        return bool((yield from self.eval("mark_uncertain", keys, (token, now, detail or b""))))
+
+    def resolve_uncertain(
+        self,
+        scope: Scope,
+        resolution: Resolution,
+        now: float,
+        response: bytes | None,
+        expires_at: float | None,
+    ) -> Plan[bool]:
+        k = Keys(scope, self.shards)
+        keys = (k.record, k.counter, k.finished)
+        args = (resolution, now, response or b"", "" if expires_at is None else expires_at,
+                self.gc_ms)
+        return bool((yield from self.eval("resolve_uncertain", keys, args)))
 
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> Plan[int]:

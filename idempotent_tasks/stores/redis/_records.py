@@ -29,7 +29,7 @@ class Shard:
     def __init__(self, prefix: str, shard: str) -> None:
         self.base = f"{prefix}:{{{shard}}}:"
         self.processing = f"{self.base}p"  # PROCESSING members scored by lease expiry
-        self.finished = f"{self.base}f"  # SUCCESS/FAILED members scored by expires_at
+        self.finished = f"{self.base}f"  # SUCCESS/FAILED by expires_at, UNCERTAIN at +inf
         self.counter_index = f"{self.base}ci"  # counter members scored by their last change
         self.tokens = f"{self.base}t"  # the shard's fencing-token counter (never expires)
 

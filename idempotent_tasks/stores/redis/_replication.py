@@ -14,11 +14,11 @@ the same round trip (pipelined after the script), and is acknowledged only when 
   instead of waiting out a lease no one holds; a takeover's counted attempt stays counted,
   and a reopened record is gone (its settled outcome was already given up by the reopen).
 * **outcome writes** (``mark_success``, ``mark_success_many``, ``mark_failed``,
-  ``record_failure``, ``release``) — after the body ran.  A short ``WAIT`` raises
-  ``OUTCOME_NOT_RECORDED``, not ``STORE_UNAVAILABLE``: the write did happen on the primary,
-  so retrying it would be refused by its own condition and could not tell success from a
-  lost lease; the integrations then do not ack/commit, and the lease decides (docs/design.md,
-  "Fail closed").
+  ``record_failure``, ``release``, ``mark_uncertain``) — after the body ran.  A short
+  ``WAIT`` raises ``OUTCOME_NOT_RECORDED``, not ``STORE_UNAVAILABLE``: the write did happen
+  on the primary, so retrying it would be refused by its own condition and could not tell
+  success from a lost lease; the integrations then do not ack/commit, and the lease decides
+  (docs/design.md, "Fail closed").
 * A call that wrote nothing (a duplicate, a refused conditional write) is answered as
   usual whatever ``WAIT`` says: there is nothing of its own to lose.  Its ``WAIT`` is still
   sent in the same round trip (whether the script wrote is known only from its reply), so
@@ -29,12 +29,14 @@ A script the server does not know yet (first use, restart, failover) is refused 
 call waits twice; ``create_schema()`` (``idempotent-tasks migrate``) loads every script.
 
 Not waited for: operator and maintenance writes (``unpoison``'s counter reset, record
-deletion, purges, index pruning, maintenance leases), whose loss in a failover is harmless
-or re-done.  Limits: ``WAIT`` covers this connection's own writes only, so a duplicate
-delivery may still read (and replay) a SUCCESS another worker wrote that is not replicated
-yet; a failover that promotes a replica which did not acknowledge (fewer than all replicas
-waited for, or a promotion that ignores replication offsets) can still lose a write; and
-Redis Cluster is not supported (``WAIT`` is per node; the store refuses the option there).
+deletion, resolving an UNCERTAIN record, purges, index pruning, maintenance leases), whose
+loss in a failover is harmless or re-done; nor ``save_steps`` (a step recorded on the
+primary only may run again after a failover, as a claim made there may).  Limits:
+``WAIT`` covers this connection's own writes only, so a duplicate delivery may still read
+(and replay) a SUCCESS another worker wrote that is not replicated yet; a failover that
+promotes a replica which did not acknowledge (fewer than all replicas waited for, or a
+promotion that ignores replication offsets) can still lose a write; and Redis Cluster is
+not supported (``WAIT`` is per node; the store refuses the option there).
 See docs/redis.md.
 """
 
@@ -54,7 +56,9 @@ DEFAULT_WAIT_TIMEOUT: Final = 0.5
 #: Scripts whose writes come before the body (a short WAIT: STORE_UNAVAILABLE).
 BEFORE_BODY: Final = ("claim", "claim_many", "take_over", "reopen", "heartbeat")
 #: Scripts whose writes record a body's outcome (a short WAIT: OUTCOME_NOT_RECORDED).
-AFTER_BODY: Final = ("mark_success", "mark_failed", "record_failure", "release")
+AFTER_BODY: Final = (
+    "mark_success", "mark_failed", "record_failure", "release", "mark_uncertain"
+)
 #: Keys per claim of ``claim_many.lua`` (record, counter, processing index, ...).
 _CLAIM_MANY_KEYS: Final = 6
 
@@ -151,4 +155,4 @@ def _wrote(name: str, keys: Sequence[Any], reply: Any) -> bool:
     if name == "claim_many":
         items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
         return any(isinstance(item, list) for item in items)
-    return bool(reply == 1)  # heartbeat, mark_success, mark_failed, release
+    return bool(reply == 1)  # heartbeat, mark_success, mark_failed, release, mark_uncertain

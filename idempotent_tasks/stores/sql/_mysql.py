@@ -82,6 +82,10 @@ class MySQLCommon(q.Common):
         self.acquire_lock = mysql_sql(
             f"INSERT IGNORE INTO {lk} (name, owner, expires_at) VALUES (:name, :owner, :expires_at)"
         )
+        self.save_steps = mysql_sql(
+            f"INSERT INTO {c} (tenant, operation, key, count, updated_at, steps) "
+            f"{q.steps_source(r, ' LOCK IN SHARE MODE')} ON DUPLICATE KEY UPDATE steps = :steps"
+        )
         self.take_lock = mysql_sql(
             f"UPDATE {lk} SET owner = :owner, expires_at = :expires_at "
             "WHERE name = :name AND (owner = :owner OR expires_at <= :now)"

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from ..._core.errors import ConfigurationError
 from ._mysql import SCOPE_BYTES
 from ._schema import DEFAULT_TABLE_PREFIX, build_metadata, create_missing_indexes, refuse_mismatch
+from ._upgrade import UPGRADABLE, sa_runner, upgrade_schema
 
 _VAR_STRING: Final = 253  # pymysql.constants.FIELD_TYPE.VAR_STRING (VARBINARY columns)
 _IN_TRANS: Final = 1  # pymysql.constants.SERVER_STATUS.SERVER_STATUS_IN_TRANS
@@ -36,6 +37,7 @@ def mysql_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
             column.type = sa.VARBINARY(SCOPE_BYTES)
     records = md.tables[f"{prefix}_records"]
     records.c.response.type = sa.dialects.mysql.LONGBLOB()
+    md.tables[f"{prefix}_retry_counters"].c.steps.type = sa.dialects.mysql.LONGBLOB()
     for index in list(records.indexes):
         if index.name == f"{prefix}_records_processing_idx":
             records.indexes.discard(index)
@@ -64,7 +66,8 @@ def create_schema(
         inspector = sa.inspect(conn)
         for table in metadata.sorted_tables:
             if inspector.has_table(table.name):
-                refuse_mismatch(table, inspector)
+                refuse_mismatch(table, inspector, UPGRADABLE)
+        upgrade_schema(sa_runner(conn), conn.dialect, metadata, prefix)
         metadata.create_all(conn, checkfirst=True)
         create_missing_indexes(conn, metadata)
         extra = conn.exec_driver_sql(

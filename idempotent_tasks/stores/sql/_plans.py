@@ -180,6 +180,36 @@ class CommonPlans:
         p["token"] = token
         return bool((yield (self.common.release, p, COUNT)) == 1)
 
+    # -- steps and the UNCERTAIN status (stores.effects) ------------------------------------
+    def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> Plan[bool]:
+        """One upsert of the counter row, conditional on the record being PROCESSING with
+        ``token`` (and, where rows lock, holding the record row while it writes)."""
+        p = scope_params(scope)
+        p.update(token=token, steps=steps, now=now)
+        return bool((yield (self.common.save_steps, p, COUNT)) >= 1)
+
+    def load_steps(self, scope: Scope) -> Plan[bytes | None]:
+        rows = yield (self.common.load_steps, scope_params(scope), ROWS)
+        return None if not rows or rows[0][0] is None else bytes(rows[0][0])
+
+    def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> Plan[bool]:
+        p = scope_params(scope)
+        p.update(token=token, now=now, detail=detail)
+        return bool((yield (self.common.mark_uncertain, p, COUNT)) == 1)
+
+    def resolve_uncertain(
+        self, scope: Scope, *, resolution: str, now: float, response: bytes | None = None,
+        expires_at: float | None = None,
+    ) -> Plan[bool]:
+        """Only an UNCERTAIN record changes; ``retry`` deletes it (counter and steps kept)."""
+        p = scope_params(scope)
+        p.update(now=now, response=response, expires_at=expires_at)  # each takes its own
+        c = self.common
+        sql = {"done": c.resolve_done, "retry": c.resolve_retry}.get(resolution, c.resolve_fail)
+        return bool((yield (sql, p, COUNT)) == 1)
+
     # -- counters and operator actions ----------------------------------------------------
     def get_retry_count(self, scope: Scope) -> Plan[int]:
         rows = yield (self.common.get_count, scope_params(scope), ROWS)
@@ -242,7 +272,9 @@ class PostgresPlans(CommonPlans):
     ones); fencing tokens from the sequence ``<prefix>_fencing_seq``."""
 
     def __init__(self, records: str, counters: str, locks: str, sequence: str) -> None:
-        super().__init__("postgresql", Common(records, counters, locks, pyformat))
+        super().__init__(
+            "postgresql", Common(records, counters, locks, pyformat, lock=" FOR SHARE")
+        )
         s = pg.Statements(records, counters, sequence)
         self.sql = s
 

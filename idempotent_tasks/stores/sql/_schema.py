@@ -43,7 +43,8 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("expires_at", sa.Double(), nullable=True),
         sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_records_pkey"),
         sa.CheckConstraint(
-            "status IN ('PROCESSING', 'SUCCESS', 'FAILED')", name=f"{prefix}_records_status_ck"
+            "status IN ('PROCESSING', 'SUCCESS', 'FAILED', 'UNCERTAIN')",
+            name=f"{prefix}_records_status_ck",
         ),
         # Recovery's scan (find_stuck): PROCESSING records oldest first.  Partial, so only
         # records in flight have entries (a completed record leaves it), and the
@@ -61,6 +62,9 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         *_scope_columns(),
         sa.Column("count", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.Double(), nullable=False),
+        # The scope's recorded steps (one opaque blob): on the counter row, so whatever
+        # deletes or resets the counter removes them too.
+        sa.Column("steps", sa.LargeBinary(), nullable=True),
         sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_retry_counters_pkey"),
         sa.Index(f"{prefix}_retry_counters_updated_idx", "updated_at"),
     )
@@ -115,8 +119,12 @@ def create_missing_indexes(conn: sa.Connection, metadata: sa.MetaData) -> None:
                 index.create(conn)
 
 
-def refuse_mismatch(table: sa.Table, inspector: sa.Inspector) -> None:
-    problems = _column_mismatches(table, inspector)
+def refuse_mismatch(
+    table: sa.Table, inspector: sa.Inspector, upgradable: frozenset[str] = frozenset()
+) -> None:
+    """Refuse a same-named table with other columns; a column in ``upgradable`` (one an
+    earlier release's table lacks, which ``create_schema`` adds) may be missing."""
+    problems = _column_mismatches(table, inspector, upgradable)
     if problems:
         raise ConfigurationError(
             f"table {table.name!r} exists but does not match the idempotent_tasks schema: "
@@ -137,7 +145,9 @@ def _type_family(type_: Any) -> str:
     return type(type_).__name__.lower()
 
 
-def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
+def _column_mismatches(
+    table: sa.Table, inspector: sa.Inspector, upgradable: frozenset[str]
+) -> list[str]:
     """Human-readable differences between ``table`` and the same-named table in the database."""
     found = {c["name"]: _type_family(c["type"]) for c in inspector.get_columns(table.name)}
     # The type this dialect creates (a ``with_variant`` type, e.g. MySQL's VARBINARY scope
@@ -145,7 +155,7 @@ def _column_mismatches(table: sa.Table, inspector: sa.Inspector) -> list[str]:
     # ``create_schema`` itself would have made.
     dialect = inspector.dialect
     wanted = {c.name: _type_family(c.type.dialect_impl(dialect)) for c in table.columns}
-    problems = [f"missing column {n!r}" for n in wanted if n not in found]
+    problems = [f"missing column {n!r}" for n in wanted if n not in found and n not in upgradable]
     problems += [f"unexpected column {n!r}" for n in found if n not in wanted]
     problems += [
         f"column {n!r} is {found[n]}, expected {family}"

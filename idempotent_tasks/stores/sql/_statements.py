@@ -22,6 +22,8 @@ OWNED: Final = SCOPE + " AND status = 'PROCESSING' AND fencing_token = :token"
 LEASE_EXPIRED: Final = " AND (lease_expires_at IS NULL OR lease_expires_at <= :now)"
 #: A settled record of the attempt ``:token``: what ``reopen`` may give to a new attempt.
 SETTLED: Final = SCOPE + " AND status IN ('SUCCESS', 'FAILED') AND fencing_token = :token"
+#: A record parked for an operator: what ``resolve_uncertain`` may change.
+UNCERTAIN: Final = SCOPE + " AND status = 'UNCERTAIN'"
 RECORD_COLS: Final = (
     "status, request_hash, response, fencing_token, created_at, updated_at, "
     "lease_expires_at, expires_at"
@@ -61,6 +63,16 @@ def reopen_sql(r: str, token: str) -> str:
     )
 
 
+def steps_source(r: str, lock: str) -> str:
+    """The one row ``save_steps`` upserts into the counters, present only while the record is
+    PROCESSING with ``:token``; ``lock`` (``FOR SHARE`` where rows lock) holds the record
+    row, so a takeover that commits first makes the statement write nothing."""
+    return (
+        "SELECT :tenant, :operation, :key, 0, :now, :steps "
+        f"WHERE EXISTS (SELECT 1 FROM {r} WHERE {OWNED}{lock})"
+    )
+
+
 def pyformat(sql: str) -> str:
     """``:name`` placeholders → psycopg's ``%(name)s`` (casts like ``::bigint`` are kept)."""
     return _PARAM_RE.sub(r"%(\1)s", sql)
@@ -73,7 +85,10 @@ def identity(sql: str) -> str:
 class Common:
     """Statements both dialects run verbatim (single conditional statements)."""
 
-    def __init__(self, records: str, counters: str, locks: str, convert: Callable[[str], str]):
+    def __init__(
+        self, records: str, counters: str, locks: str, convert: Callable[[str], str],
+        lock: str = "",
+    ):
         r, c = records, counters
         self.convert = convert
         self.get = convert(f"SELECT {RECORD_COLS} FROM {r} WHERE {SCOPE}")
@@ -108,6 +123,31 @@ class Common:
             f"{delete} AND status = :status RETURNING {RECORD_COLS}"
         )
         self._operator_statements(r, locks)
+        self._effect_statements(r, c, lock)
+
+    def _effect_statements(self, r: str, c: str, lock: str) -> None:
+        """Steps and the UNCERTAIN status (``stores.effects``): the steps live on the counter
+        row, so whatever deletes the counter deletes them."""
+        convert = self.convert
+        self.save_steps = convert(
+            f"INSERT INTO {c} AS c (tenant, operation, key, count, updated_at, steps) "
+            f"{steps_source(r, lock)} "
+            "ON CONFLICT (tenant, operation, key) DO UPDATE SET steps = excluded.steps"
+        )
+        self.load_steps = convert(f"SELECT steps FROM {c} WHERE {SCOPE}")
+        self.mark_uncertain = convert(
+            f"UPDATE {r} SET status = 'UNCERTAIN', response = :detail, updated_at = :now, "
+            f"lease_expires_at = NULL, expires_at = NULL WHERE {OWNED}"
+        )
+        self.resolve_done = convert(
+            f"UPDATE {r} SET status = 'SUCCESS', response = :response, updated_at = :now, "
+            f"expires_at = :expires_at WHERE {UNCERTAIN}"
+        )
+        self.resolve_fail = convert(
+            f"UPDATE {r} SET status = 'FAILED', updated_at = :now, expires_at = :expires_at "
+            f"WHERE {UNCERTAIN}"
+        )
+        self.resolve_retry = convert(f"DELETE FROM {r} WHERE {UNCERTAIN}")
 
     def _operator_statements(self, r: str, lk: str) -> None:
         convert = self.convert

@@ -9,11 +9,13 @@ import sqlalchemy as sa
 
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import BodyTransaction, ClaimRequest, FailureResult, SuccessWrite, TakeOver
+from ..effects import Resolution
 from ._mysql_setup import create_schema as create_mysql_schema
 from ._plumbing import SQLBodyTransaction, SQLPlumbing
 from ._postgres import create_fencing_sequence, drop_fencing_sequence
 from ._schema import create_missing_indexes, refuse_mismatch, schema_extensions
 from ._sqlite import create_fencing
+from ._upgrade import UPGRADABLE, sa_runner, upgrade_schema
 
 
 class SQLStore(SQLPlumbing):
@@ -94,6 +96,31 @@ class SQLStore(SQLPlumbing):
             only_if_lease_expired=only_if_lease_expired,
         ))
 
+    # -- steps and the UNCERTAIN status (stores.effects) ------------------------------------
+    def save_steps(self, scope: Scope, *, token: int, steps: bytes, now: float) -> bool:
+        """The scope's steps on its counter row, fenced by ``token`` (``stores.effects``)."""
+        return self._execute("save_steps", self._plans.save_steps(
+            scope, token=token, steps=steps, now=now
+        ))
+
+    def load_steps(self, scope: Scope) -> bytes | None:
+        return self._execute("load_steps", self._plans.load_steps(scope))
+
+    def mark_uncertain(
+        self, scope: Scope, *, token: int, now: float, detail: bytes | None
+    ) -> bool:
+        return self._execute("mark_uncertain", self._plans.mark_uncertain(
+            scope, token=token, now=now, detail=detail
+        ))
+
+    def resolve_uncertain(
+        self, scope: Scope, *, resolution: Resolution, now: float,
+        response: bytes | None = None, expires_at: float | None = None,
+    ) -> bool:
+        return self._execute("resolve_uncertain", self._plans.resolve_uncertain(
+            scope, resolution=resolution, now=now, response=response, expires_at=expires_at
+        ))
+
     # -- counters and operator actions ------------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
         return self._execute("get_retry_count", self._plans.get_retry_count(scope))
@@ -142,7 +169,8 @@ class SQLStore(SQLPlumbing):
         (PostgreSQL: the sequence ``<prefix>_fencing_seq``; SQLite: the table
         ``<prefix>_fencing`` and its triggers; MySQL: the records table's ``AUTO_INCREMENT``
         token column).  On a database made by an earlier version,
-        the token source starts above the largest token already stored.  Idempotent, and
+        the token source starts above the largest token already stored, the retry counters
+        gain their ``steps`` column and the status check admits UNCERTAIN.  Idempotent, and
         safe to run concurrently.
 
         Raises :class:`ConfigurationError` when a table of the same name exists with other
@@ -169,7 +197,8 @@ class SQLStore(SQLPlumbing):
             inspector = sa.inspect(conn)
             for table in tables:
                 if inspector.has_table(table.name):
-                    refuse_mismatch(table, inspector)
+                    refuse_mismatch(table, inspector, UPGRADABLE)
+            upgrade_schema(sa_runner(conn), conn.dialect, self._metadata, self.table_prefix)
             self._metadata.create_all(conn, checkfirst=True)
             create_missing_indexes(conn, self._metadata)
             if self._pg:

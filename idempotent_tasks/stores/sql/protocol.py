@@ -12,7 +12,9 @@ store, the transactional outbox) and the async store share with ``SQLStore``.
 * Schema: :data:`DEFAULT_TABLE_PREFIX`, :func:`build_metadata`, :func:`fencing_sequence`,
   :func:`fencing_table`, :func:`refuse_mismatch`, :func:`register_schema_extension` (tables
   ``create_schema()`` creates beside the store's, e.g. the outbox's), :func:`schema_objects`
-  and :func:`check_schema` (the plan that checks the schema whole on a store's first use).
+  and :func:`check_schema` (the plan that checks the schema whole on a store's first use),
+  :func:`upgrade_schema` and :data:`UPGRADABLE` (an earlier release's tables brought up to
+  date in place, through any ``run(sql)``).
 * Errors: :func:`translate` (a driver error → ``ConfigurationError`` for a missing schema or
   refused credentials, else ``StoreUnavailableError``), :func:`schema_missing`,
   :data:`SCHEMA_MISSING`.
@@ -46,6 +48,7 @@ from ._schema import (
 )
 from ._sqlite import fencing_table
 from ._statements import Common, check_intact, identity, pyformat, record, scope_params
+from ._upgrade import UPGRADABLE, upgrade_schema
 
 __all__ = [
     "COUNT",
@@ -56,6 +59,7 @@ __all__ = [
     "DEFAULT_TABLE_PREFIX",
     "ROWS",
     "SCHEMA_MISSING",
+    "UPGRADABLE",
     "Common",
     "CommonPlans",
     "Plan",
@@ -81,4 +85,5 @@ __all__ = [
     "schema_objects",
     "scope_params",
     "translate",
+    "upgrade_schema",
 ]
