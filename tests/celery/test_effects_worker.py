@@ -25,7 +25,6 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from idempotent_tasks import IdempotencyHandler, SQLStore, Status
-from idempotent_tasks.stores.effects import StepStore, UncertainStore
 from tests._services import RABBITMQ_URL, REDIS_URL
 from tests._three_steps import RECONCILED_RESULT, counted, held_by, inside_by
 from tests._wait import budget
@@ -37,13 +36,6 @@ ALL_STEPS = ["charge done", "email done", "ledger done"]
 ONCE_EACH = {"charge": 1, "email": 1, "ledger": 1}
 FIRST_TWO = {"charge": 1, "email": 1, "ledger": 0}
 UNCERTAIN = r"OUTCOME_UNCERTAIN|the processor has no charge"
-
-#: The SQL store records steps and UNCERTAIN states once its support for them is in; until
-#: then these tests cannot run (a worker's first step is CONFIGURATION_ERROR).
-pytestmark = pytest.mark.skipif(
-    not (issubclass(SQLStore, StepStore) and issubclass(SQLStore, UncertainStore)),
-    reason="SQLStore does not record steps and UNCERTAIN states yet",
-)
 
 
 class Cluster:

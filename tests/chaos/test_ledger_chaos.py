@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from idempotent_tasks import SQLStore
-from idempotent_tasks.stores.effects import StepStore
 from tests._services import require
 
 from ._celery import CeleryIntegration, CeleryRedisIntegration
@@ -104,8 +102,6 @@ def test_dramatiq_ledger_under_chaos(dramatiq_integration: DramatiqIntegration,
 
 
 @pytest.mark.rabbitmq
-@pytest.mark.skipif(not issubclass(SQLStore, StepStore),
-                    reason="SQLStore does not record steps yet")
 def test_dramatiq_steps_ledger_under_chaos(rabbit_vhost: RabbitVhost,
                                            chaos_env: ChaosEnv) -> None:
     """The plain ledger body as a recorded step with a downstream key

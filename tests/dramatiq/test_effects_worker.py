@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_tasks import SQLStore, Status
-from idempotent_tasks.stores.effects import StepStore, UncertainStore
+from idempotent_tasks import Status
 from tests._three_steps import RECONCILED_RESULT, counted, held_by
 from tests._wait import wait_until
 
@@ -28,15 +27,8 @@ ALL_STEPS = ["charge done", "email done", "ledger done"]
 ONCE_EACH = {"charge": 1, "email": 1, "ledger": 1}
 FIRST_TWO = {"charge": 1, "email": 1, "ledger": 0}
 
-#: The SQL store records steps and UNCERTAIN states once its support for them is in; until
-#: then these tests cannot run (a worker's first step is CONFIGURATION_ERROR).
-pytestmark = [
-    pytest.mark.skipif(
-        not (issubclass(SQLStore, StepStore) and issubclass(SQLStore, UncertainStore)),
-        reason="SQLStore does not record steps and UNCERTAIN states yet",
-    ),
-    pytest.mark.parametrize("cluster", ["rabbitmq"], indirect=True),
-]
+#: RabbitMQ only: the Redis broker's redelivery is the crash tests' business (test_real_brokers).
+pytestmark = pytest.mark.parametrize("cluster", ["rabbitmq"], indirect=True)
 
 
 def crashed(c: Cluster, actor: str, answer: str) -> str:
