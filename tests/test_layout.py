@@ -187,6 +187,7 @@ def test_the_core_imports_no_concrete_store_cache_or_outbox() -> None:
     allowed = {"idempotent_tasks.stores", "idempotent_tasks.stores.base",
                "idempotent_tasks.stores.reopen",  # the optional primitives' Protocols
                "idempotent_tasks.stores.effects",
+               "idempotent_tasks.stores.changes",
                "idempotent_tasks.caches", "idempotent_tasks.caches.base"}
     modules = _modules()
     offending = []

@@ -33,6 +33,7 @@ from .base import (
     TakeOver,
     TransactionalStore,
 )
+from .changes import AsyncChangeFeedStore, ChangeFeedStore
 from .effects import AsyncStepStore, AsyncUncertainStore, StepStore, UncertainStore
 from .reopen import AsyncReopenStore, ReopenStore
 
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncAdminStore",
     "AsyncBatchStore",
     "AsyncBodyTransaction",
+    "AsyncChangeFeedStore",
     "AsyncHotPathStore",
     "AsyncMaintenanceStore",
     "AsyncReopenStore",
@@ -50,6 +52,7 @@ __all__ = [
     "AsyncUncertainStore",
     "BatchStore",
     "BodyTransaction",
+    "ChangeFeedStore",
     "ClaimRequest",
     "CreateOutcome",
     "CreateResult",
