@@ -264,12 +264,13 @@ def created(scope: Scope, p: Mapping[str, Any], token: Any) -> CreateResult:
 
 
 def live_duplicate(scope: Scope, row: Sequence[Any], now: float) -> CreateResult | None:
-    """The DUPLICATE a PostgreSQL claim read, or None when the read cannot be trusted.
+    """The DUPLICATE a claim read, or None when the record read has expired (it is to be
+    replaced) or, on PostgreSQL, when the read cannot be trusted.
 
-    The conflict check sees the latest row version, the read beside it only the statement's
-    snapshot.  When a concurrent transaction inserted the row, or replaced an expired one,
-    after that snapshot, the read finds no row or the old expired version; the statement
-    must then run again (a live record never looks expired at ``now``: it would have been
+    PostgreSQL: the conflict check sees the latest row version, the read beside it only the
+    statement's snapshot.  When a concurrent transaction inserted the row, or replaced an
+    expired one, after that snapshot, the read finds no row or the old expired version; the
+    statement must then run again (a live record never looks expired at ``now``: it would have been
     replaced).
     """
     if row[0] is None:
