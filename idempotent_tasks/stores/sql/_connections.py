@@ -31,6 +31,25 @@ _MYSQL_DRIVERS: Final = {
 
 
 # -- raw connections --------------------------------------------------------------------------
+#: Forks seen by this process (its children count on from their parent's value): a pool
+#: compares it with the value it was made under instead of calling ``os.getpid()``, a
+#: system call on every statement.  The hook is registered by the first pool, not on import.
+_forks = 0
+_fork_hook: list[bool] = []
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+def _watch_forks() -> None:
+    # Two pools racing here may both register: a child then counts two, still "forked".
+    if not _fork_hook:
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_forked)
+
+
 @dataclass(slots=True, eq=False)
 class _Raw:
     """A DBAPI connection checked out of the engine's pool and kept in our free list."""
@@ -62,11 +81,16 @@ class _RawPool:
         self._adopt = adopt
         self._restore = restore
         self._idle: deque[_Raw] = deque()
-        self._pid = os.getpid()
+        _watch_forks()
+        self._forks = _forks
         self._orphans: list[_Raw] = []
 
+    def forked(self) -> bool:
+        """Whether this process is a fork child of the one the pool last ran in."""
+        return self._forks != _forks
+
     def acquire(self) -> _Raw:
-        if self._pid != os.getpid():
+        if self._forks != _forks:  # inlined ``forked()``: this runs on every statement
             self.after_fork()
         try:
             return self._idle.pop()
@@ -121,7 +145,7 @@ class _RawPool:
         """In a forked child: never touch the parent's sockets/handles, start afresh."""
         self._orphans.extend(self._idle)  # keep them referenced: no finaliser may close them
         self._idle = deque()
-        self._pid = os.getpid()
+        self._forks = _forks
         self._engine.dispose(close=False)
 
 

@@ -5,7 +5,6 @@ body transactions)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -232,7 +231,7 @@ class SQLPlumbing:
     def _sa_transaction(
         self, what: str, *, lock_schema: bool = False
     ) -> Iterator[tuple[Connection, RootTransaction, Callable[[], bool]]]:
-        if self._raw._pid != os.getpid():
+        if self._raw.forked():
             self._raw.after_fork()
         with self._translated(what):
             conn = self._engine.connect()
