@@ -98,6 +98,45 @@ def test_the_upgraded_sqlite_table_keeps_its_indexes_and_triggers(tmp_path: Path
             ("index", "_records_processing_idx"), ("trigger", "_records_fencing_insert"),
             ("trigger", "_records_fencing_update"),
         }
+        assert "WHERE expires_at IS NOT NULL" in expires_index_sql(engine, prefix)
+    finally:
+        engine.dispose()
+        store.drop_schema()
+        store.close()
+
+
+def expires_index_sql(engine: sa.Engine, prefix: str) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE name = ?", (f"{prefix}_records_expires_idx",)
+        ).scalar())
+
+
+def test_sqlite_expires_index_made_full_by_an_earlier_release_becomes_partial(
+    tmp_path: Path,
+) -> None:
+    """Earlier releases indexed every record's ``expires_at`` (NULL while in flight);
+    ``create_schema`` rebuilds the index partial, and the clean-up still searches it."""
+    prefix = unique_prefix("up")
+    url = url_of("sqlite", tmp_path)
+    engine = sa.create_engine(url)
+    store = SQLStore(url, table_prefix=prefix)
+    try:
+        store.create_schema()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP INDEX {prefix}_records_expires_idx")
+            conn.exec_driver_sql(
+                f"CREATE INDEX {prefix}_records_expires_idx ON {prefix}_records (expires_at)"
+            )
+        assert "WHERE" not in expires_index_sql(engine, prefix)
+        store.create_schema()
+        assert "WHERE expires_at IS NOT NULL" in expires_index_sql(engine, prefix)
+        cleanup = store._plans.ops._delete_records_sql  # type: ignore[attr-defined]
+        with engine.connect() as conn:
+            plan = conn.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN {cleanup}", {"now": NOW, "limit": 10}
+            ).fetchall()
+        assert any(f"INDEX {prefix}_records_expires_idx" in str(row[-1]) for row in plan), plan
     finally:
         engine.dispose()
         store.drop_schema()

@@ -13,7 +13,12 @@ from ..effects import Resolution
 from ._mysql_setup import create_schema as create_mysql_schema
 from ._plumbing import SQLBodyTransaction, SQLPlumbing
 from ._postgres import create_fencing_sequence, drop_fencing_sequence
-from ._schema import create_missing_indexes, refuse_mismatch, schema_extensions
+from ._schema import (
+    create_missing_indexes,
+    rebuild_partial_indexes,
+    refuse_mismatch,
+    schema_extensions,
+)
 from ._sqlite import create_fencing
 from ._upgrade import UPGRADABLE, sa_runner, upgrade_schema
 
@@ -170,7 +175,8 @@ class SQLStore(SQLPlumbing):
         ``<prefix>_fencing`` and its triggers; MySQL: the records table's ``AUTO_INCREMENT``
         token column).  On a database made by an earlier version,
         the token source starts above the largest token already stored, the retry counters
-        gain their ``steps`` column and the status check admits UNCERTAIN.  Idempotent, and
+        gain their ``steps`` column, the status check admits UNCERTAIN and (SQLite) the
+        expires index becomes partial.  Idempotent, and
         safe to run concurrently.
 
         Raises :class:`ConfigurationError` when a table of the same name exists with other
@@ -204,6 +210,7 @@ class SQLStore(SQLPlumbing):
             if self._pg:
                 create_fencing_sequence(conn, self.table_prefix, self._records)
             else:
+                rebuild_partial_indexes(conn, self._metadata)
                 create_fencing(conn, self._fencing_table, self._records)
             self._extend_schema(conn, 0)
             trans.commit()
