@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement
 
 from ..._core.errors import ConfigurationError
 
@@ -26,6 +28,28 @@ def _scope_columns() -> list[sa.Column[str]]:
     return [sa.Column(name, _scope_text(), primary_key=True) for name in _SCOPE]
 
 
+class StatusCheck(ColumnElement[bool]):
+    """The records' status check: ``status IN ('PROCESSING', …)``, which SQLite spells
+    ``status = 'PROCESSING' OR …`` (for speed: SQLite evaluates a constant ``IN`` list of
+    more than two values by building a temporary b-tree of it, on every insert and every
+    update of a record; that was a quarter of the instructions of a first delivery's
+    statements)."""
+
+    inherit_cache = True
+    type = sa.Boolean()
+    statuses: Final = ("PROCESSING", "SUCCESS", "FAILED", "UNCERTAIN")
+
+
+@compiles(StatusCheck)
+def _status_in(element: StatusCheck, compiler: Any, **kw: Any) -> str:
+    return "status IN (" + ", ".join(f"'{s}'" for s in element.statuses) + ")"
+
+
+@compiles(StatusCheck, "sqlite")
+def _status_or(element: StatusCheck, compiler: Any, **kw: Any) -> str:
+    return " OR ".join(f"status = '{s}'" for s in element.statuses)
+
+
 def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
     """The three tables (records, retry counters, maintenance locks) as SQLAlchemy Core."""
     md = sa.MetaData()
@@ -42,10 +66,7 @@ def build_metadata(prefix: str = DEFAULT_TABLE_PREFIX) -> sa.MetaData:
         sa.Column("lease_expires_at", sa.Double(), nullable=True),
         sa.Column("expires_at", sa.Double(), nullable=True),
         sa.PrimaryKeyConstraint(*_SCOPE, name=f"{prefix}_records_pkey"),
-        sa.CheckConstraint(
-            "status IN ('PROCESSING', 'SUCCESS', 'FAILED', 'UNCERTAIN')",
-            name=f"{prefix}_records_status_ck",
-        ),
+        sa.CheckConstraint(StatusCheck(), name=f"{prefix}_records_status_ck"),
         # Recovery's scan (find_stuck): PROCESSING records oldest first.  Partial, so only
         # records in flight have entries (a completed record leaves it), and the
         # ORDER BY … LIMIT stops after ``limit`` expired leases however many are stuck.
