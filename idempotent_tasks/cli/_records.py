@@ -13,9 +13,9 @@ from .._core.handler import IdempotencyHandler
 from .._core.records import Record, Status
 from ._app import CliError, CliState, make_console, pass_state
 from ._render import (
-    attempt_document,
-    attempts_table,
     echo_json,
+    inspected_document,
+    inspected_tables,
     listed_document,
     record_document,
     record_table,
@@ -56,15 +56,13 @@ def inspect(state: CliState, tenant: str, operation: str, key: str, as_json: boo
     record = _load(handler, tenant, operation, key)
     attempts = handler.get_attempts(operation=operation, tenant=tenant, key=key)
     now = handler.clock()
-    doc = record_document(record, now)
-    doc["attempts"] = [attempt_document(a) for a in attempts]
+    doc = inspected_document(record, attempts, now)
     if as_json:
         echo_json(doc)
         return
     console = make_console()
-    console.print(record_table(doc, now, f"{record.status.value} record"))
-    if attempts:
-        console.print(attempts_table(doc["attempts"], now))
+    for table in inspected_tables(doc, now):
+        console.print(table)
 
 
 @click.command(name="list")

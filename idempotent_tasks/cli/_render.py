@@ -118,6 +118,21 @@ def attempts_table(docs: Iterable[Mapping[str, Any]], now: float) -> Table:
     return table
 
 
+def inspected_document(record: Record, attempts: Iterable[Attempt], now: float) -> dict[str, Any]:
+    """``inspect --json``: the record's document and its past attempts (``attempts``)."""
+    doc = record_document(record, now)
+    doc["attempts"] = [attempt_document(a) for a in attempts]
+    return doc
+
+
+def inspected_tables(doc: Mapping[str, Any], now: float) -> list[Table]:
+    """``inspect``'s tables: the record, then its past attempts when it has any."""
+    tables = [record_table(doc, now, f"{doc['status']} record")]
+    if doc["attempts"]:
+        tables.append(attempts_table(doc["attempts"], now))
+    return tables
+
+
 def listed_document(record: Record, now: float) -> dict[str, Any]:
     """A listed record (``list --json``, dry runs); the response stays out of pages."""
     doc: dict[str, Any] = {
