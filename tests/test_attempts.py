@@ -4,7 +4,6 @@ async through the async face)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -24,7 +23,6 @@ from idempotent_tasks.testing import FakeClock, FaultyStore
 
 from . import _every_store
 from ._every_store import SCOPE, Body, Events, make_handler
-from ._wait import budget
 
 #: Every test that takes ``store`` runs on every store kind, sync and async.
 store = _every_store.store
@@ -124,32 +122,6 @@ def test_unpoison_starts_the_trail_afresh(store: Any) -> None:
     assert len(h.get_attempts(**SCOPE)) == 1
     h.unpoison(**SCOPE)
     assert h.get_attempts(**SCOPE) == []
-
-
-def test_of_concurrent_deliveries_only_the_one_that_reopens_writes_the_history(
-    store: Any,
-) -> None:
-    clock = FakeClock()
-    h = make_handler(store, clock, on_failure="allow_new_attempt")
-    h.run(Body(Poison()), **SCOPE)
-    barrier, release, lock = threading.Barrier(4), threading.Event(), threading.Lock()
-    kinds: list[str] = []
-
-    def deliver() -> None:
-        barrier.wait(budget(10))
-        outcome = h.run(lambda: release.wait(budget(10)) and "again", **SCOPE)
-        with lock:
-            kinds.append(outcome.kind)
-            if len(kinds) == 3:
-                release.set()  # the winner holds the scope until every loser answered
-
-    threads = [threading.Thread(target=deliver) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(budget(30))
-    assert sorted(kinds) == ["executed"] + ["in_progress"] * 3
-    assert len(h.get_attempts(**SCOPE)) == 1
 
 
 # ------------------------------------------------------------------ the reserved part, faults
