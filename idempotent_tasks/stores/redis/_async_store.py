@@ -10,6 +10,7 @@ from ..._core.errors import ConfigurationError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..effects import Resolution
+from ._async_feed import AsyncChangeFeed
 from ._client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GC_TTL,
@@ -17,6 +18,7 @@ from ._client import (
     DEFAULT_SOCKET_TIMEOUT,
     check_options,
 )
+from ._feed import announce_change, feed_channel, feed_digest
 from ._protocol import CLAIM_CHUNK
 from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._store import RedisStoreBase
@@ -64,6 +66,9 @@ class AsyncRedisStore(RedisStoreBase):
             wait_replicas=wait_replicas, wait_timeout=wait_timeout,
         )
         self._run = transport.run
+        self._feed = AsyncChangeFeed(
+            transport.client, feed_channel(prefix), (*transport.errors, OSError)
+        )
 
     def __repr__(self) -> str:
         return f"AsyncRedisStore({self.client!r}, prefix={self.prefix!r})"
@@ -174,6 +179,16 @@ class AsyncRedisStore(RedisStoreBase):
         plan = self._protocol.resolve_uncertain(scope, resolution, now, response, expires_at)
         return await self._run(plan, scope)
 
+    # -- the change feed (stores.changes) -----------------------------------------------
+    async def announce_change(self, scope: Scope) -> None:
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_feed``)."""
+        await self._run(announce_change(self._feed.channel, feed_digest(scope)), scope)
+
+    async def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
+        """Wait until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
+        store's one subscription per event loop wakes every waiter (``_async_feed``)."""
+        return await self._feed.wait(feed_digest(scope), timeout)
+
     # -- counters and operator actions --------------------------------------------------
     async def get_retry_count(self, scope: Scope) -> int:
         return await self._run(self._protocol.get_retry_count(scope), scope)
@@ -229,5 +244,7 @@ class AsyncRedisStore(RedisStoreBase):
 
     async def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
-        belongs to the caller)."""
+        belongs to the caller), and the change feed's subscriptions (always ours; a later
+        wait opens one again)."""
+        await self._feed.close()
         await self._transport.close(owned=self._owned)

@@ -16,6 +16,7 @@ from ._client import (
     DEFAULT_SOCKET_TIMEOUT,
     check_options,
 )
+from ._feed import ChangeFeed, announce_change, feed_channel, feed_digest
 from ._protocol import CLAIM_CHUNK, RedisProtocol
 from ._records import Keys
 from ._replication import DEFAULT_WAIT_TIMEOUT
@@ -81,6 +82,9 @@ class RedisStore(RedisStoreBase):
             wait_replicas=wait_replicas, wait_timeout=wait_timeout,
         )
         self._run = transport.run
+        self._feed = ChangeFeed(
+            transport.client, feed_channel(prefix), (*transport.errors, OSError)
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r})"
@@ -181,6 +185,16 @@ class RedisStore(RedisStoreBase):
         plan = self._protocol.resolve_uncertain(scope, resolution, now, response, expires_at)
         return self._run(plan, scope)
 
+    # -- the change feed (stores.changes) -----------------------------------------------
+    def announce_change(self, scope: Scope) -> None:
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_feed``)."""
+        self._run(announce_change(self._feed.channel, feed_digest(scope)), scope)
+
+    def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
+        """Block until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
+        store's one subscription in this process wakes every waiter (``_feed``)."""
+        return self._feed.wait(feed_digest(scope), timeout)
+
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
         return self._run(self._protocol.get_retry_count(scope), scope)
@@ -234,5 +248,7 @@ class RedisStore(RedisStoreBase):
 
     def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
-        belongs to the caller), and the hot path's per-thread connections (always ours)."""
+        belongs to the caller), and the hot path's per-thread connections and the change
+        feed's subscription (always ours; a later call opens them again)."""
+        self._feed.close()
         self._transport.close(owned=self._owned)

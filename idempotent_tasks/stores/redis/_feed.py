@@ -1,0 +1,177 @@
+"""The Redis stores' change feed (``stores.changes``): pub/sub wakes the waiters of a scope.
+
+* Announce: one ``PUBLISH <prefix>:changes <digest>`` on the store's transport (its errors
+  translated like every other command's), where the digest is the first
+  :data:`FEED_DIGITS` hex digits of the SHA-256 of the scope's encoded form: no tenant,
+  operation or key travels, and two scopes whose digests collide only wake each other
+  (a false wake-up costs the waiter one extra look at the record).  The handler announces
+  only for operations that wait (``on_in_progress="wait"``), once per settled attempt.
+* Wait: a per-store registry maps a digest to the ``threading.Event`` of each waiter; one
+  subscription per store and process (a redis-py ``PubSub`` on a connection of its own,
+  read by one daemon thread) sets the events of each digest it receives.  The thread
+  starts on the first wait, and that wait blocks only once the server has confirmed the
+  subscription (or its timeout passes).
+* Lost connection: the thread closes the ``PubSub``, naps (doubling from
+  :data:`RECONNECT_MIN` to :data:`RECONNECT_MAX`, cut short by ``close()``) and subscribes
+  again on a new one.  Announcements published meanwhile are lost (pub/sub keeps nothing):
+  waiters wake at their timeout and look at the record again.  redis-py's own ``PubSub``
+  would reconnect and re-subscribe on the next read, but only through the client's retry
+  setting, which the store turns off; a new ``PubSub`` does not depend on it.
+* Redis Cluster: plain ``PUBLISH`` / ``SUBSCRIBE``, not sharded pub/sub.  A cluster
+  forwards each ``PUBLISH`` to every node over its bus, so the one subscription (on any
+  node, through ``RedisCluster.pubsub()``) hears announcements of every slot.  Sharded
+  ``SPUBLISH`` would keep a message on its slot's shard, but the listener would then need
+  a subscription on every master (256 shard channels) and re-subscribing when slots move,
+  and the async store's cluster client offers pub/sub only in recent redis-py versions;
+  the sync and async stores must hear each other on one Redis, so both use plain pub/sub.
+* ``close()`` stops the thread (within :data:`POLL_INTERVAL`), which closes its
+  ``PubSub``; a later wait starts a new one.  A forked child starts its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from ..._core.logging import default_logger
+from ..._core.records import Scope
+from ._scripts import Plan, checked
+
+#: Hex digits of the scope's SHA-256 an announcement carries (64 bits).
+FEED_DIGITS: Final = 16
+#: Seconds the listener blocks in one read (and so at most before ``close()`` stops it).
+POLL_INTERVAL: Final = 0.25
+#: The listener's first and longest nap before subscribing again after an error.
+RECONNECT_MIN: Final = 0.05
+RECONNECT_MAX: Final = 2.0
+
+_log = default_logger()
+
+
+def feed_channel(prefix: str) -> str:
+    """The store's change channel (every process sharing the prefix listens to it)."""
+    return f"{prefix}:changes"
+
+
+def feed_digest(scope: Scope) -> str:
+    """What an announcement of ``scope`` carries: a digest, never the scope itself."""
+    return hashlib.sha256(scope.encoded().encode()).hexdigest()[:FEED_DIGITS]
+
+
+def announce_change(channel: str, digest: str) -> Plan[None]:
+    """The plan of one announcement (named like the store method, for its errors)."""
+    checked((yield ("PUBLISH", channel, digest)))
+
+
+def next_nap(nap: float) -> float:
+    return min(nap * 2, RECONNECT_MAX)
+
+
+class ChangeFeed:
+    """The waiters of one :class:`RedisStore` in this process, and the one subscription
+    that wakes them (module docstring)."""
+
+    def __init__(
+        self, client: Callable[[], Any], channel: str, errors: tuple[type[BaseException], ...]
+    ) -> None:
+        self._client = client  # the store's client, built on first use for a cluster URL
+        self.channel = channel
+        self._errors = errors
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = {}
+        #: Set while the server has confirmed the current subscription.
+        self.subscribed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def wait(self, digest: str, timeout: float) -> bool:
+        """Block until ``digest`` is announced (True) or ``timeout`` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(digest, set()).add(event)
+            self._start()
+        try:
+            self.subscribed.wait(timeout)  # the first wait blocks once subscribed
+            return event.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                waiting = self._waiters[digest]
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiters[digest]
+
+    def _start(self) -> None:
+        """The listener, unless it runs (called under the lock)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self.subscribed.clear()  # (a forked child inherits its parent's flag, not its thread)
+        self._stop = stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._listen, args=(stop,), name=f"idempotent-tasks-feed {self.channel}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _listen(self, stop: threading.Event) -> None:
+        nap = RECONNECT_MIN
+        while not stop.is_set():
+            pubsub = None
+            try:
+                pubsub = self._client().pubsub()
+                pubsub.subscribe(self.channel)
+                while not stop.is_set():
+                    message = pubsub.get_message(timeout=POLL_INTERVAL)
+                    if message is not None and self._dispatch(message):
+                        nap = RECONNECT_MIN
+            except self._errors as exc:
+                self.subscribed.clear()
+                _log.warning("change_feed_lost", channel=self.channel,
+                             error=type(exc).__name__, retry_in=nap)  # fmt: skip
+                stop.wait(nap)
+                nap = next_nap(nap)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(*self._errors):  # its connection is gone already
+                        pubsub.close()
+        self.subscribed.clear()
+
+    def _dispatch(self, message: dict[str, Any]) -> bool:
+        """Wake the waiters of an announced digest; True for the subscription's
+        confirmation."""
+        kind = message.get("type")
+        if kind == "subscribe":
+            self.subscribed.set()
+            return True
+        data = message.get("data")
+        if kind == "message" and isinstance(data, bytes | str):
+            digest = data.decode() if isinstance(data, bytes) else data
+            with self._lock:
+                for event in self._waiters.get(digest, ()):
+                    event.set()
+        return False
+
+    def close(self) -> None:
+        """Stop the listener and wait for it (it closes its subscription)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+__all__ = [
+    "FEED_DIGITS",
+    "POLL_INTERVAL",
+    "RECONNECT_MAX",
+    "RECONNECT_MIN",
+    "ChangeFeed",
+    "announce_change",
+    "feed_channel",
+    "feed_digest",
+    "next_nap",
+]
