@@ -5,9 +5,10 @@ wakes an async waiter and the other way round), with one listener task per store
 loop instead of a thread: a ``redis.asyncio`` ``PubSub`` on a connection of its own, an
 ``asyncio.Event`` per waiter, started by the first wait on a loop, which blocks only once
 the subscription is confirmed (or its timeout passes).  After a lost connection the task
-naps and subscribes again on a new ``PubSub``; waiters meanwhile wake at their timeout.
-``close()`` cancels the task (it closes its ``PubSub``).  A cluster client of a redis-py
-without ``redis.asyncio`` cluster pub/sub has no feed: its waits sleep their timeout.
+naps and subscribes again on a new ``PubSub``, then wakes every waiter to look again (until
+then they sleep to their timeout).  ``close()`` cancels the task (it closes its ``PubSub``)
+and wakes the running loop's waiters.  A cluster client of a redis-py without
+``redis.asyncio`` cluster pub/sub has no feed: its waits sleep their timeout.
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ class _LoopFeed:
         #: Set while the server has confirmed the current subscription.
         self.subscribed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.lost = False  # a subscription was lost since the last one
 
     def dispatch(self, message: dict[str, Any]) -> bool:
         """Wake the waiters of an announced digest; True for the subscription's
         confirmation."""
         kind = message.get("type")
         if kind == "subscribe":
+            if self.lost:  # announcements may have been lost meanwhile: everyone looks again
+                self.lost = False
+                self.wake_all()
             self.subscribed.set()
             return True
         data = message.get("data")
@@ -48,6 +53,12 @@ class _LoopFeed:
             for event in self.waiters.get(digest, ()):
                 event.set()
         return False
+
+    def wake_all(self) -> None:
+        """A false wake-up for every waiter (allowed: it costs each one more look)."""
+        for waiting in self.waiters.values():
+            for event in waiting:
+                event.set()
 
 
 class AsyncChangeFeed:
@@ -83,6 +94,19 @@ class AsyncChangeFeed:
                 del feed.waiters[digest]
         return event.is_set()
 
+    def pending(self, digest: str) -> int:
+        """How many waiters of ``digest`` are registered and not woken yet (on any loop)."""
+        return sum(
+            not event.is_set()
+            for feed in list(self._loops.values())
+            for event in list(feed.waiters.get(digest, ()))
+        )
+
+    def subscribed(self) -> bool:
+        """Whether the server has confirmed the running loop's subscription."""
+        feed = self._loops.get(asyncio.get_running_loop())
+        return feed is not None and feed.subscribed.is_set()
+
     def _started(self, loop: asyncio.AbstractEventLoop) -> _LoopFeed:
         feed = self._loops.get(loop)
         if feed is None:
@@ -105,6 +129,7 @@ class AsyncChangeFeed:
                         nap = RECONNECT_MIN
             except self._errors as exc:
                 feed.subscribed.clear()
+                feed.lost = True
                 _log.warning("change_feed_lost", channel=self.channel,
                              error=type(exc).__name__, retry_in=nap)  # fmt: skip
                 await asyncio.sleep(nap)
@@ -115,7 +140,8 @@ class AsyncChangeFeed:
                         await pubsub.aclose()
 
     async def close(self) -> None:
-        """Cancel every loop's listener; wait for the running loop's to finish."""
+        """Cancel every loop's listener; wait for the running loop's to finish and wake its
+        waiters (they look at their records again)."""
         current = asyncio.get_running_loop()
         for loop, feed in list(self._loops.items()):
             task, feed.task = feed.task, None
@@ -126,6 +152,7 @@ class AsyncChangeFeed:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                feed.wake_all()
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(task.cancel)
 

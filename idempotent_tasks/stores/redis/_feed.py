@@ -13,10 +13,12 @@
   subscription (or its timeout passes).
 * Lost connection: the thread closes the ``PubSub``, naps (doubling from
   :data:`RECONNECT_MIN` to :data:`RECONNECT_MAX`, cut short by ``close()``) and subscribes
-  again on a new one.  Announcements published meanwhile are lost (pub/sub keeps nothing):
-  waiters wake at their timeout and look at the record again.  redis-py's own ``PubSub``
-  would reconnect and re-subscribe on the next read, but only through the client's retry
-  setting, which the store turns off; a new ``PubSub`` does not depend on it.
+  again on a new one (redis-py's ``PubSub`` may reconnect and re-subscribe by itself on a
+  later read, depending on its version and the client's retry setting, which the store
+  turns off; a new ``PubSub`` depends on neither).  Announcements published meanwhile are
+  lost (pub/sub keeps nothing), so once subscribed again the feed wakes every waiter to
+  look at its record again (a false wake-up, which the contract allows); until then
+  waiters sleep to their timeout.
 * Redis Cluster: plain ``PUBLISH`` / ``SUBSCRIBE``, not sharded pub/sub.  A cluster
   forwards each ``PUBLISH`` to every node over its bus, so the one subscription (on any
   node, through ``RedisCluster.pubsub()``) hears announcements of every slot.  Sharded
@@ -25,7 +27,8 @@
   and the async store's cluster client offers pub/sub only in recent redis-py versions;
   the sync and async stores must hear each other on one Redis, so both use plain pub/sub.
 * ``close()`` stops the thread (within :data:`POLL_INTERVAL`), which closes its
-  ``PubSub``; a later wait starts a new one.  A forked child starts its own thread.
+  ``PubSub``, and wakes the waiters (they look again); a later wait starts a new thread,
+  and so does a forked child's first wait.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class ChangeFeed:
         self.subscribed = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._lost = False  # the listener's: a subscription was lost since the last one
 
     def wait(self, digest: str, timeout: float) -> bool:
         """Block until ``digest`` is announced (True) or ``timeout`` seconds pass (False)."""
@@ -104,6 +108,11 @@ class ChangeFeed:
                 waiting.discard(event)
                 if not waiting:
                     del self._waiters[digest]
+
+    def pending(self, digest: str) -> int:
+        """How many waiters of ``digest`` are registered and not woken yet."""
+        with self._lock:
+            return sum(not event.is_set() for event in self._waiters.get(digest, ()))
 
     def _start(self) -> None:
         """The listener, unless it runs (called under the lock)."""
@@ -130,6 +139,7 @@ class ChangeFeed:
                         nap = RECONNECT_MIN
             except self._errors as exc:
                 self.subscribed.clear()
+                self._lost = True
                 _log.warning("change_feed_lost", channel=self.channel,
                              error=type(exc).__name__, retry_in=nap)  # fmt: skip
                 stop.wait(nap)
@@ -145,6 +155,9 @@ class ChangeFeed:
         confirmation."""
         kind = message.get("type")
         if kind == "subscribe":
+            if self._lost:  # announcements may have been lost meanwhile: everyone looks again
+                self._lost = False
+                self._wake_all()
             self.subscribed.set()
             return True
         data = message.get("data")
@@ -155,13 +168,22 @@ class ChangeFeed:
                     event.set()
         return False
 
+    def _wake_all(self) -> None:
+        """A false wake-up for every waiter (allowed: it costs each one more look)."""
+        with self._lock:
+            for waiting in self._waiters.values():
+                for event in waiting:
+                    event.set()
+
     def close(self) -> None:
-        """Stop the listener and wait for it (it closes its subscription)."""
+        """Stop the listener and wait for it (it closes its subscription); the waiters
+        wake now rather than at their timeout (and look at their records again)."""
         with self._lock:
             thread, self._thread = self._thread, None
             self._stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        self._wake_all()
 
 
 __all__ = [
