@@ -25,14 +25,12 @@ from idempotent_tasks.stores.redis._feed import feed_channel, feed_digest
 
 from .._services import REDIS_URL, require
 from .._wait import budget
+from .test_redis_feed import ANNOUNCE_IN_A_CHILD, A, B, subscriber_ids
 
 pytest.importorskip("redis")
 from redis.asyncio import Redis
 
 pytestmark = pytest.mark.redis
-
-A = Scope("acme", "payments.charge", "order-1")
-B = Scope("acme", "payments.charge", "order-2")
 
 
 class Feed:
@@ -46,10 +44,7 @@ class Feed:
         self.channel = feed_channel(self.store.prefix)
 
     async def subscribers(self) -> list[int]:
-        return [
-            int(c["id"]) for c in await self.raw.client_list()
-            if c.get("name") == self.name and "P" in c.get("flags", "")
-        ]  # fmt: skip
+        return subscriber_ids(await self.raw.client_list(), self.name)
 
     async def numsub(self) -> int:
         return int((await self.raw.pubsub_numsub(self.channel))[0][1])
@@ -118,19 +113,10 @@ def test_an_announcement_wakes_a_waiting_task() -> None:
 
 
 def test_a_sync_store_in_another_process_wakes_an_async_waiter() -> None:
-    code = (
-        "import sys\n"
-        "from idempotent_tasks.stores.redis import RedisStore\n"
-        "from idempotent_tasks._core.records import Scope\n"
-        "store = RedisStore(sys.argv[1], prefix=sys.argv[2])\n"
-        "store.announce_change(Scope(*sys.argv[3:6]))\n"
-        "store.close()\n"
-    )
-
     async def test(feed: Feed) -> None:
         [waiter] = await feed.started(A)
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, REDIS_URL, feed.store.prefix, *A
+            sys.executable, "-c", ANNOUNCE_IN_A_CHILD, REDIS_URL, feed.store.prefix, *A
         )
         assert await asyncio.wait_for(child.wait(), budget(60)) == 0
         assert await result(waiter) is True

@@ -34,6 +34,21 @@ pytestmark = pytest.mark.redis
 
 A = Scope("acme", "payments.charge", "order-1")
 B = Scope("acme", "payments.charge", "order-2")
+#: ``python -c`` code: a sync store announces ``Scope(*argv[3:6])`` on Redis ``argv[1]``
+#: with prefix ``argv[2]``.
+ANNOUNCE_IN_A_CHILD = (
+    "import sys\n"
+    "from idempotent_tasks.stores.redis import RedisStore\n"
+    "from idempotent_tasks._core.records import Scope\n"
+    "store = RedisStore(sys.argv[1], prefix=sys.argv[2])\n"
+    "store.announce_change(Scope(*sys.argv[3:6]))\n"
+    "store.close()\n"
+)
+
+
+def subscriber_ids(clients: list[dict[str, Any]], name: str) -> list[int]:
+    """Server ids of the subscribed connections named ``name`` (``CLIENT LIST``)."""
+    return [int(c["id"]) for c in clients if c.get("name") == name and "P" in c.get("flags", "")]
 
 
 class Feed:
@@ -47,11 +62,7 @@ class Feed:
         self.channel = feed_channel(self.store.prefix)
 
     def subscribers(self) -> list[int]:
-        """Server ids of this store's subscribed connections."""
-        return [
-            int(c["id"]) for c in self.raw.client_list()
-            if c.get("name") == self.name and "P" in c.get("flags", "")
-        ]  # fmt: skip
+        return subscriber_ids(self.raw.client_list(), self.name)
 
     def numsub(self) -> int:
         return int(self.raw.pubsub_numsub(self.channel)[0][1])
@@ -112,16 +123,8 @@ def test_an_announcement_wakes_a_waiter_in_another_thread(feed: Feed) -> None:
 
 def test_an_announcement_from_another_process_wakes_a_waiter(feed: Feed) -> None:
     [waiter] = started(feed, A)
-    code = (
-        "import sys\n"
-        "from idempotent_tasks.stores.redis import RedisStore\n"
-        "from idempotent_tasks._core.records import Scope\n"
-        "store = RedisStore(sys.argv[1], prefix=sys.argv[2])\n"
-        "store.announce_change(Scope(*sys.argv[3:6]))\n"
-        "store.close()\n"
-    )
     subprocess.run(
-        [sys.executable, "-c", code, REDIS_URL, feed.store.prefix, *A],
+        [sys.executable, "-c", ANNOUNCE_IN_A_CHILD, REDIS_URL, feed.store.prefix, *A],
         check=True, timeout=budget(60),
     )  # fmt: skip
     assert waiter.result() is True

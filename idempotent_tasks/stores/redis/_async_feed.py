@@ -18,47 +18,18 @@ import contextlib
 import weakref
 from typing import Any, Final
 
-from ..._core.logging import default_logger
-from ._feed import RECONNECT_MIN, next_nap
+from ._feed import RECONNECT_MIN, Registry, next_nap
 
 #: Seconds one read of the listener may block (it loops; ``close()`` cancels it sooner).
 LISTEN_READ: Final = 10.0
 
-_log = default_logger()
 
-
-class _LoopFeed:
+class _LoopFeed(Registry[asyncio.Event]):
     """The waiters of one store on one event loop, and the task that wakes them."""
 
     def __init__(self) -> None:
-        self.waiters: dict[str, set[asyncio.Event]] = {}
-        #: Set while the server has confirmed the current subscription.
-        self.subscribed = asyncio.Event()
+        super().__init__(asyncio.Event(), contextlib.nullcontext())
         self.task: asyncio.Task[None] | None = None
-        self.lost = False  # a subscription was lost since the last one
-
-    def dispatch(self, message: dict[str, Any]) -> bool:
-        """Wake the waiters of an announced digest; True for the subscription's
-        confirmation."""
-        kind = message.get("type")
-        if kind == "subscribe":
-            if self.lost:  # announcements may have been lost meanwhile: everyone looks again
-                self.lost = False
-                self.wake_all()
-            self.subscribed.set()
-            return True
-        data = message.get("data")
-        if kind == "message" and isinstance(data, bytes | str):
-            digest = data.decode() if isinstance(data, bytes) else data
-            for event in self.waiters.get(digest, ()):
-                event.set()
-        return False
-
-    def wake_all(self) -> None:
-        """A false wake-up for every waiter (allowed: it costs each one more look)."""
-        for waiting in self.waiters.values():
-            for event in waiting:
-                event.set()
 
 
 class AsyncChangeFeed:
@@ -80,7 +51,7 @@ class AsyncChangeFeed:
             return False
         feed = self._started(asyncio.get_running_loop())
         event = asyncio.Event()
-        feed.waiters.setdefault(digest, set()).add(event)
+        feed.add(digest, event)
         try:
             async with asyncio.timeout(timeout):
                 await feed.subscribed.wait()  # the first wait blocks once subscribed
@@ -88,19 +59,12 @@ class AsyncChangeFeed:
         except TimeoutError:
             pass
         finally:
-            waiting = feed.waiters[digest]
-            waiting.discard(event)
-            if not waiting:
-                del feed.waiters[digest]
+            feed.remove(digest, event)
         return event.is_set()
 
     def pending(self, digest: str) -> int:
         """How many waiters of ``digest`` are registered and not woken yet (on any loop)."""
-        return sum(
-            not event.is_set()
-            for feed in list(self._loops.values())
-            for event in list(feed.waiters.get(digest, ()))
-        )
+        return sum(feed.pending(digest) for feed in list(self._loops.values()))
 
     def subscribed(self) -> bool:
         """Whether the server has confirmed the running loop's subscription."""
@@ -128,10 +92,7 @@ class AsyncChangeFeed:
                     if message is not None and feed.dispatch(message):
                         nap = RECONNECT_MIN
             except self._errors as exc:
-                feed.subscribed.clear()
-                feed.lost = True
-                _log.warning("change_feed_lost", channel=self.channel,
-                             error=type(exc).__name__, retry_in=nap)  # fmt: skip
+                feed.lost_subscription(self.channel, exc, nap)
                 await asyncio.sleep(nap)
                 nap = next_nap(nap)
             finally:

@@ -38,7 +38,8 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from contextlib import AbstractContextManager
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from ..._core.logging import default_logger
 from ..._core.records import Scope
@@ -74,45 +75,108 @@ def next_nap(nap: float) -> float:
     return min(nap * 2, RECONNECT_MAX)
 
 
-class ChangeFeed:
+class _Flag(Protocol):
+    """What the feeds need of ``threading.Event`` and ``asyncio.Event``."""
+
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+E = TypeVar("E", bound=_Flag)
+
+
+class Registry(Generic[E]):
+    """The waiters' events by digest and what the subscription's messages do to them; both
+    feeds are one (``guard``: a lock for threads, a null context on one event loop)."""
+
+    def __init__(self, subscribed: E, guard: AbstractContextManager[Any]) -> None:
+        self.waiters: dict[str, set[E]] = {}
+        #: Set while the server has confirmed the current subscription.
+        self.subscribed = subscribed
+        #: A subscription was lost since the last one (the listener's).
+        self.lost = False
+        self._guard = guard
+
+    def add(self, digest: str, event: E) -> None:
+        with self._guard:
+            self.waiters.setdefault(digest, set()).add(event)
+
+    def remove(self, digest: str, event: E) -> None:
+        with self._guard:
+            waiting = self.waiters[digest]
+            waiting.discard(event)
+            if not waiting:
+                del self.waiters[digest]
+
+    def pending(self, digest: str) -> int:
+        """How many waiters of ``digest`` are registered and not woken yet."""
+        with self._guard:
+            return sum(not event.is_set() for event in self.waiters.get(digest, ()))
+
+    def dispatch(self, message: dict[str, Any]) -> bool:
+        """Wake the waiters of an announced digest; True for the subscription's
+        confirmation (after a lost one, announcements may have been lost meanwhile: every
+        waiter wakes to look again)."""
+        kind, data = message.get("type"), message.get("data")
+        with self._guard:
+            if kind == "subscribe":
+                woken = self.waiters if self.lost else {}
+                self.lost = False
+                self.subscribed.set()
+            elif kind == "message" and isinstance(data, bytes | str):
+                digest = data.decode() if isinstance(data, bytes) else data
+                woken = {digest: self.waiters.get(digest, set())}
+            else:
+                woken = {}
+            for waiting in woken.values():
+                for event in waiting:
+                    event.set()
+        return kind == "subscribe"
+
+    def lost_subscription(self, channel: str, exc: BaseException, nap: float) -> None:
+        """Until the listener subscribes again (in ``nap`` seconds), waiters sleep to their
+        timeout; then they all look again."""
+        self.subscribed.clear()
+        self.lost = True
+        _log.warning("change_feed_lost", channel=channel, error=type(exc).__name__,
+                     retry_in=nap)  # fmt: skip
+
+    def wake_all(self) -> None:
+        """A false wake-up for every waiter (allowed: it costs each one more look)."""
+        with self._guard:
+            for waiting in self.waiters.values():
+                for event in waiting:
+                    event.set()
+
+
+class ChangeFeed(Registry[threading.Event]):
     """The waiters of one :class:`RedisStore` in this process, and the one subscription
     that wakes them (module docstring)."""
 
     def __init__(
         self, client: Callable[[], Any], channel: str, errors: tuple[type[BaseException], ...]
     ) -> None:
+        self._lock = threading.Lock()
+        super().__init__(threading.Event(), self._lock)
         self._client = client  # the store's client, built on first use for a cluster URL
         self.channel = channel
         self._errors = errors
-        self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
-        #: Set while the server has confirmed the current subscription.
-        self.subscribed = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._lost = False  # the listener's: a subscription was lost since the last one
 
     def wait(self, digest: str, timeout: float) -> bool:
         """Block until ``digest`` is announced (True) or ``timeout`` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         event = threading.Event()
+        self.add(digest, event)
         with self._lock:
-            self._waiters.setdefault(digest, set()).add(event)
             self._start()
         try:
             self.subscribed.wait(timeout)  # the first wait blocks once subscribed
             return event.wait(max(0.0, deadline - time.monotonic()))
         finally:
-            with self._lock:
-                waiting = self._waiters[digest]
-                waiting.discard(event)
-                if not waiting:
-                    del self._waiters[digest]
-
-    def pending(self, digest: str) -> int:
-        """How many waiters of ``digest`` are registered and not woken yet."""
-        with self._lock:
-            return sum(not event.is_set() for event in self._waiters.get(digest, ()))
+            self.remove(digest, event)
 
     def _start(self) -> None:
         """The listener, unless it runs (called under the lock)."""
@@ -135,13 +199,10 @@ class ChangeFeed:
                 pubsub.subscribe(self.channel)
                 while not stop.is_set():
                     message = pubsub.get_message(timeout=POLL_INTERVAL)
-                    if message is not None and self._dispatch(message):
+                    if message is not None and self.dispatch(message):
                         nap = RECONNECT_MIN
             except self._errors as exc:
-                self.subscribed.clear()
-                self._lost = True
-                _log.warning("change_feed_lost", channel=self.channel,
-                             error=type(exc).__name__, retry_in=nap)  # fmt: skip
+                self.lost_subscription(self.channel, exc, nap)
                 stop.wait(nap)
                 nap = next_nap(nap)
             finally:
@@ -149,31 +210,6 @@ class ChangeFeed:
                     with contextlib.suppress(*self._errors):  # its connection is gone already
                         pubsub.close()
         self.subscribed.clear()
-
-    def _dispatch(self, message: dict[str, Any]) -> bool:
-        """Wake the waiters of an announced digest; True for the subscription's
-        confirmation."""
-        kind = message.get("type")
-        if kind == "subscribe":
-            if self._lost:  # announcements may have been lost meanwhile: everyone looks again
-                self._lost = False
-                self._wake_all()
-            self.subscribed.set()
-            return True
-        data = message.get("data")
-        if kind == "message" and isinstance(data, bytes | str):
-            digest = data.decode() if isinstance(data, bytes) else data
-            with self._lock:
-                for event in self._waiters.get(digest, ()):
-                    event.set()
-        return False
-
-    def _wake_all(self) -> None:
-        """A false wake-up for every waiter (allowed: it costs each one more look)."""
-        with self._lock:
-            for waiting in self._waiters.values():
-                for event in waiting:
-                    event.set()
 
     def close(self) -> None:
         """Stop the listener and wait for it (it closes its subscription); the waiters
@@ -183,7 +219,7 @@ class ChangeFeed:
             self._stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        self._wake_all()
+        self.wake_all()
 
 
 __all__ = [
@@ -192,6 +228,7 @@ __all__ = [
     "RECONNECT_MAX",
     "RECONNECT_MIN",
     "ChangeFeed",
+    "Registry",
     "announce_change",
     "feed_channel",
     "feed_digest",
