@@ -32,7 +32,7 @@ from .errors import ErrorCode, IdempotencyError
 from .outcome import Outcome
 from .records import Status, StoredRecord
 from .store_calls import Get, Reopen
-from .waiting import Nap
+from .waiting import Announce, Nap
 
 #: The policy options, spelled as ``run``'s keywords and every integration's options
 #: (``reconcile``: the function ``on_stuck="reconcile"`` asks, :mod:`.reconcile`).
@@ -116,7 +116,7 @@ def wait_for_settled(
             left = deadline - time.monotonic()
             if left <= 0:
                 return STILL_RUNNING
-            yield Nap(call.scope, min(nap, left))
+            yield Nap(call.scope, nap, left)
             nap = min(nap * 2, _LONGEST_NAP)
             record: StoredRecord | None = yield Get(call.scope)
             if record is None or record.status is not Status.PROCESSING:
@@ -128,7 +128,16 @@ def wait_for_settled(
         engine.waiters.leave()
 
 
+def announce(engine: Engine, call: Call) -> Generator[Command, Any, None]:
+    """``on_in_progress="wait"``: the attempt's outcome is written; wake the scope's waiters
+    in every process (on a store with a change feed; a failure is logged, not raised)."""
+    failed = yield Announce(call.scope)
+    if failed is not None:
+        engine.log.warning("change_announce_failed", error=type(failed).__name__,
+                           **call.fields())
+
+
 __all__ = [
-    "POLICY_NAMES", "STILL_RUNNING", "given_policies", "rejected", "reopen", "reuse_due",
-    "wait_for_settled",
+    "POLICY_NAMES", "STILL_RUNNING", "announce", "given_policies", "rejected", "reopen",
+    "reuse_due", "wait_for_settled",
 ]
