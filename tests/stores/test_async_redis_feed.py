@@ -20,8 +20,9 @@ import pytest
 
 from idempotent_tasks import AsyncRedisStore, StoreUnavailableError
 from idempotent_tasks._core.records import Scope
+from idempotent_tasks.stores._feed import scope_digest
 from idempotent_tasks.stores.changes import AsyncChangeFeedStore
-from idempotent_tasks.stores.redis._feed import feed_channel, feed_digest
+from idempotent_tasks.stores.redis._pubsub import feed_channel
 
 from .._services import REDIS_URL, require
 from .._wait import budget
@@ -57,7 +58,7 @@ class Feed:
         ]
         feed = self.store._feed
         await until(
-            lambda: feed.subscribed() and all(feed.pending(feed_digest(s)) for s in scopes),
+            lambda: feed.subscribed() and all(feed.pending(scope_digest(s)) for s in scopes),
             "the waiters registered and subscribed",
         )
         return tasks
@@ -129,7 +130,7 @@ def test_a_wait_nobody_announces_returns_false_at_its_timeout() -> None:
         start = time.monotonic()
         assert await feed.store.wait_for_change(A, timeout=0.05) is False
         assert time.monotonic() - start >= 0.05
-        assert feed.store._feed.pending(feed_digest(A)) == 0
+        assert feed.store._feed.pending(scope_digest(A)) == 0
 
     run(test)
 
@@ -140,7 +141,7 @@ def test_another_scopes_announcement_does_not_wake_a_waiter() -> None:
         await feed.store.announce_change(B)
         assert await result(waiter_b) is True
         # one message is dispatched in one step of the listener: A would be woken by now
-        assert feed.store._feed.pending(feed_digest(A)) == 1
+        assert feed.store._feed.pending(scope_digest(A)) == 1
         await feed.store.announce_change(A)
         assert await result(waiter_a) is True
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from idempotent_tasks._core.records import Scope
+from idempotent_tasks.stores._feed import scope_digest
 from idempotent_tasks.stores.base import ClaimRequest, Store
 from idempotent_tasks.stores.redis import RedisStore
-from idempotent_tasks.stores.redis._feed import feed_digest
 
 from .._wait import budget
 from . import test_store_contract as contract
@@ -236,7 +236,7 @@ def test_async_batches_go_per_shard_and_spread_over_every_master(
 
 # -- the change feed: plain pub/sub, which a cluster forwards to every node -----------------
 def _digests_pending(feed: Any, scopes: list[Scope]) -> bool:
-    return all(feed.pending(feed_digest(s)) for s in scopes)
+    return all(feed.pending(scope_digest(s)) for s in scopes)
 
 
 def test_the_change_feed_wakes_waiters_of_every_slot_from_any_node(
@@ -257,7 +257,7 @@ def test_the_change_feed_wakes_waiters_of_every_slot_from_any_node(
                "the waiters registered and subscribed")  # fmt: skip
     nodes = [redis.Redis(port=port) for port in cluster_ports]
     for i, scope in enumerate(scopes[:-1]):  # published on each node in turn
-        nodes[i % len(nodes)].publish(feed.channel, feed_digest(scope))
+        nodes[i % len(nodes)].publish(feed.channel, scope_digest(scope))
     cluster_store.announce_change(scopes[-1])  # and through the store's cluster client
     for node in nodes:
         node.close()

@@ -21,9 +21,10 @@ import pytest
 
 from idempotent_tasks import StoreUnavailableError
 from idempotent_tasks._core.records import Scope
+from idempotent_tasks.stores._feed import scope_digest
 from idempotent_tasks.stores.changes import ChangeFeedStore
 from idempotent_tasks.stores.redis import RedisStore
-from idempotent_tasks.stores.redis._feed import feed_channel, feed_digest
+from idempotent_tasks.stores.redis._pubsub import feed_channel
 
 from .._services import REDIS_URL, require
 from .._wait import budget, wait_until
@@ -70,7 +71,7 @@ class Feed:
     def ready(self, *scopes: Scope) -> bool:
         """Every waiter of ``scopes`` registered and the subscription confirmed."""
         feed = self.store._feed
-        return feed.subscribed.is_set() and all(feed.pending(feed_digest(s)) for s in scopes)
+        return feed.subscribed.is_set() and all(feed.pending(scope_digest(s)) for s in scopes)
 
     def close(self) -> None:
         self.store.close()
@@ -134,7 +135,7 @@ def test_a_wait_nobody_announces_returns_false_at_its_timeout(feed: Feed) -> Non
     start = time.monotonic()
     assert feed.store.wait_for_change(A, timeout=0.05) is False
     assert time.monotonic() - start >= 0.05
-    assert feed.store._feed.pending(feed_digest(A)) == 0  # the waiter left the registry
+    assert feed.store._feed.pending(scope_digest(A)) == 0  # the waiter left the registry
 
 
 def test_another_scopes_announcement_does_not_wake_a_waiter(feed: Feed) -> None:
@@ -143,7 +144,7 @@ def test_another_scopes_announcement_does_not_wake_a_waiter(feed: Feed) -> None:
     assert waiter_b.result() is True
     # B's waiter leaves the registry only after the whole message was dispatched, so A's
     # waiter would be woken by now if B's announcement could wake it.
-    assert feed.store._feed.pending(feed_digest(A)) == 1
+    assert feed.store._feed.pending(scope_digest(A)) == 1
     feed.store.announce_change(A)
     assert waiter_a.result() is True
 
@@ -204,5 +205,5 @@ def test_announcements_carry_a_digest_never_the_scope(feed: Feed) -> None:
     while message is None and time.monotonic() < deadline:
         message = pubsub.get_message(timeout=0.1)
     pubsub.close()
-    assert message is not None and message["data"] == feed_digest(A).encode()
+    assert message is not None and message["data"] == scope_digest(A).encode()
     assert all(part.encode() not in message["data"] for part in A)

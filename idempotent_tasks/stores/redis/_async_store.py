@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Final
 
 from ..._core.errors import ConfigurationError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
+from .._feed import scope_digest
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..effects import Resolution
-from ._async_feed import AsyncChangeFeed
+from ._async_pubsub import AsyncChangeFeed
 from ._client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GC_TTL,
@@ -18,8 +19,8 @@ from ._client import (
     DEFAULT_SOCKET_TIMEOUT,
     check_options,
 )
-from ._feed import announce_change, feed_channel, feed_digest
 from ._protocol import CLAIM_CHUNK
+from ._pubsub import announce_change, feed_channel
 from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._store import RedisStoreBase
 from ._transport import AsyncTransport
@@ -181,13 +182,13 @@ class AsyncRedisStore(RedisStoreBase):
 
     # -- the change feed (stores.changes) -----------------------------------------------
     async def announce_change(self, scope: Scope) -> None:
-        """One ``PUBLISH`` of the scope's digest on the store's channel (``_feed``)."""
-        await self._run(announce_change(self._feed.channel, feed_digest(scope)), scope)
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_pubsub``)."""
+        await self._run(announce_change(self._feed.channel, scope_digest(scope)), scope)
 
     async def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
         """Wait until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
-        store's one subscription per event loop wakes every waiter (``_async_feed``)."""
-        return await self._feed.wait(feed_digest(scope), timeout)
+        store's one subscription per event loop wakes every waiter (``_async_pubsub``)."""
+        return await self._feed.wait(scope_digest(scope), timeout)
 
     # -- counters and operator actions --------------------------------------------------
     async def get_retry_count(self, scope: Scope) -> int:

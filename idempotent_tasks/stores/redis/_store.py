@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
+from .._feed import scope_digest
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..effects import Resolution
 from ._client import (
@@ -16,8 +17,8 @@ from ._client import (
     DEFAULT_SOCKET_TIMEOUT,
     check_options,
 )
-from ._feed import ChangeFeed, announce_change, feed_channel, feed_digest
 from ._protocol import CLAIM_CHUNK, RedisProtocol
+from ._pubsub import ChangeFeed, announce_change, feed_channel
 from ._records import Keys
 from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._transport import SyncTransport
@@ -187,13 +188,13 @@ class RedisStore(RedisStoreBase):
 
     # -- the change feed (stores.changes) -----------------------------------------------
     def announce_change(self, scope: Scope) -> None:
-        """One ``PUBLISH`` of the scope's digest on the store's channel (``_feed``)."""
-        self._run(announce_change(self._feed.channel, feed_digest(scope)), scope)
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_pubsub``)."""
+        self._run(announce_change(self._feed.channel, scope_digest(scope)), scope)
 
     def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
         """Block until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
-        store's one subscription in this process wakes every waiter (``_feed``)."""
-        return self._feed.wait(feed_digest(scope), timeout)
+        store's one subscription in this process wakes every waiter (``_pubsub``)."""
+        return self._feed.wait(scope_digest(scope), timeout)
 
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:

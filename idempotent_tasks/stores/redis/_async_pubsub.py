@@ -1,4 +1,4 @@
-"""The async Redis store's change feed: ``_feed`` on ``redis.asyncio``.
+"""The async Redis store's change feed: ``_pubsub`` on ``redis.asyncio``.
 
 The same channel and digests as the blocking store's feed (a sync worker's announcement
 wakes an async waiter and the other way round), with one listener task per store and event
@@ -18,7 +18,7 @@ import contextlib
 import weakref
 from typing import Any, Final
 
-from ._feed import RECONNECT_MIN, Registry, next_nap
+from ._pubsub import RECONNECT_MIN, Registry, next_nap
 
 #: Seconds one read of the listener may block (it loops; ``close()`` cancels it sooner).
 LISTEN_READ: Final = 10.0

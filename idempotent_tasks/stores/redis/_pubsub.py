@@ -1,10 +1,10 @@
 """The Redis stores' change feed (``stores.changes``): pub/sub wakes the waiters of a scope.
 
 * Announce: one ``PUBLISH <prefix>:changes <digest>`` on the store's transport (its errors
-  translated like every other command's), where the digest is the first
-  :data:`FEED_DIGITS` hex digits of the SHA-256 of the scope's encoded form: no tenant,
-  operation or key travels, and two scopes whose digests collide only wake each other
-  (a false wake-up costs the waiter one extra look at the record).  The handler announces
+  translated like every other command's), where the digest is every feed's
+  (``stores._feed.scope_digest``, 32 hex digits): no tenant, operation or key travels,
+  and two scopes whose digests collide only wake each other (a false wake-up costs the
+  waiter one extra look at the record).  The handler announces
   only for operations that wait (``on_in_progress="wait"``), once per settled attempt.
 * Wait: a per-store registry maps a digest to the ``threading.Event`` of each waiter; one
   subscription per store and process (a redis-py ``PubSub`` on a connection of its own,
@@ -34,7 +34,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -42,11 +41,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from ..._core.logging import default_logger
-from ..._core.records import Scope
 from ._scripts import Plan, checked
 
-#: Hex digits of the scope's SHA-256 an announcement carries (64 bits).
-FEED_DIGITS: Final = 16
 #: Seconds the listener blocks in one read (and so at most before ``close()`` stops it).
 POLL_INTERVAL: Final = 0.25
 #: The listener's first and longest nap before subscribing again after an error.
@@ -59,11 +55,6 @@ _log = default_logger()
 def feed_channel(prefix: str) -> str:
     """The store's change channel (every process sharing the prefix listens to it)."""
     return f"{prefix}:changes"
-
-
-def feed_digest(scope: Scope) -> str:
-    """What an announcement of ``scope`` carries: a digest, never the scope itself."""
-    return hashlib.sha256(scope.encoded().encode()).hexdigest()[:FEED_DIGITS]
 
 
 def announce_change(channel: str, digest: str) -> Plan[None]:
@@ -223,7 +214,6 @@ class ChangeFeed(Registry[threading.Event]):
 
 
 __all__ = [
-    "FEED_DIGITS",
     "POLL_INTERVAL",
     "RECONNECT_MAX",
     "RECONNECT_MIN",
@@ -231,6 +221,5 @@ __all__ = [
     "Registry",
     "announce_change",
     "feed_channel",
-    "feed_digest",
     "next_nap",
 ]
