@@ -78,6 +78,11 @@ Redis together.
   becomes :class:`~idempotent_tasks.StoreUnavailableError` at the transport, before the
   body runs (fail closed); a bad prefix, timeout or ``gc_ttl`` raises
   :class:`~idempotent_tasks.ConfigurationError`.  Constructors never connect.
+* Change feed (``stores.changes``, for ``on_in_progress="wait"``): ``announce_change`` is
+  one ``PUBLISH`` of a digest of the scope on ``<prefix>:changes``;
+  ``wait_for_change`` blocks on an event that the store's one subscription per process (a
+  thread; per event loop, a task, for the async store) sets; plain pub/sub in Cluster too
+  (see ``_pubsub``).
 * URL: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS, ``unix://`` for a
   socket); ``redis+cluster://host:port`` for Redis Cluster (the cluster client is built on
   first use).  Or pass a ``redis.Redis`` / ``redis.cluster.RedisCluster`` client, or a
