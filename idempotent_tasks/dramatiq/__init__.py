@@ -10,6 +10,11 @@
     charge.send_with_options(args=("o-1", 100), idempotency_key=key, tenant="acme")
     enqueue_unique(report, 7, key="report-7", tenant="acme")  # not while one is pending
 
+    @idempotent_actor(unique=True, key=lambda account: f"report-{account}", tenant="acme")
+    def build_report(account: str) -> None: ...
+
+    build_report.send("globex")                  # nothing new while one is pending
+
 How it works, and why this shape
 --------------------------------
 The middleware *wraps the actor function* (at declaration, in ``after_declare_actor``) with
@@ -75,7 +80,7 @@ from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
 from ._retry_guard import RetryNotEnqueuedError
 from ._runner import CONTEXT_ATTRIBUTE, IdempotencyRetry
 from ._spec import ACTOR_OPTIONS, KEY_OPTION, TENANT_OPTIONS
-from ._unique import enqueue_unique
+from ._unique import UniqueActor, enqueue_unique
 
 
 @overload
@@ -144,7 +149,10 @@ def idempotent_actor(
     ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies are
     the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
     ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names), and so is
-    ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).
+    ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).  The actor is a
+    :class:`UniqueActor` unless ``actor_class=`` says otherwise, so ``unique=True`` (with
+    ``unique_until`` / ``unique_lease_timeout``) makes ``send`` publish only while no message
+    of the actor's scope is pending.
     """
     for name in ("max_retries", "on_success", "on_failure"):
         if f"idempotency_{name}" in actor_options:
@@ -164,6 +172,7 @@ def idempotent_actor(
         "idempotency_on_failure": on_failure, "reconcile": reconcile,
     }
     options.update({name: value for name, value in optional.items() if value is not None})
+    actor_options.setdefault("actor_class", UniqueActor)
     decorator = functools.partial(_declare, options, actor_options)
     return decorator(fn) if fn is not None else decorator
 
@@ -204,6 +213,7 @@ __all__ = [
     "IdempotencyMiddlewareError",
     "IdempotencyRetry",
     "RetryNotEnqueuedError",
+    "UniqueActor",
     "current_connection",
     "enqueue_unique",
     "get_context",
