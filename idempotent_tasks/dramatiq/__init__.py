@@ -150,9 +150,7 @@ def idempotent_actor(
     the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
     ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names), and so is
     ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).  The actor is a
-    :class:`UniqueActor` unless ``actor_class=`` says otherwise, so ``unique=True`` (with
-    ``unique_until`` / ``unique_lease_timeout``) makes ``send`` publish only while no message
-    of the actor's scope is pending.
+    :class:`UniqueActor` unless ``actor_class=`` is given: ``unique=True`` works as there.
     """
     for name in ("max_retries", "on_success", "on_failure"):
         if f"idempotency_{name}" in actor_options:
@@ -172,7 +170,6 @@ def idempotent_actor(
         "idempotency_on_failure": on_failure, "reconcile": reconcile,
     }
     options.update({name: value for name, value in optional.items() if value is not None})
-    actor_options.setdefault("actor_class", UniqueActor)
     decorator = functools.partial(_declare, options, actor_options)
     return decorator(fn) if fn is not None else decorator
 
@@ -180,7 +177,9 @@ def idempotent_actor(
 def _declare(
     options: dict[str, Any], actor_options: dict[str, Any], func: Callable[..., Any]
 ) -> dramatiq.Actor[Any, Any]:
-    actor: dramatiq.Actor[Any, Any] = dramatiq.actor(func, **options, **actor_options)
+    actor: dramatiq.Actor[Any, Any] = dramatiq.actor(
+        func, **options, **{"actor_class": UniqueActor, **actor_options}
+    )
     return actor
 
 
