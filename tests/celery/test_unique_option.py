@@ -8,51 +8,20 @@ the worker's one thread so a message stays pending until the test lets it go.
 
 from __future__ import annotations
 
-import threading
-import uuid
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from celery import Celery, chain
 
-from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler, Record, RedisStore
-from idempotent_tasks.celery import IdempotentTask, setup
-from tests._services import REDIS_URL, require
+from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler
+from idempotent_tasks.celery import IdempotentTask
 
-from .conftest import RESULT_TIMEOUT, Counter, key, new_app, running_worker, wait_for
-
-TENANT = "acme"
+from ._unique_env import TENANT, UniqueEnv, running_env
+from .conftest import RESULT_TIMEOUT, key, wait_for
 
 
-@dataclass
-class Env:
-    app: Celery
-    handler: IdempotencyHandler
-    tasks: dict[str, Any] = field(default_factory=dict)
-    runs: Counter = field(default_factory=Counter)
-    started: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-    gates: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-    queues: list[str] = field(default_factory=list)
-
-    def mark(self, task: Any, k: str) -> Record | None:
-        return self.handler.get_record(operation=f"enqueue:{task.name}", tenant=TENANT, key=k)
-
-    def held_queue(self) -> str:
-        """A queue no worker consumes (deleted when the module ends)."""
-        queue = f"held_{uuid.uuid4().hex[:8]}"
-        self.queues.append(queue)
-        return queue
-
-    def queued(self, queue: str) -> int:
-        with self.app.connection_for_write() as conn:
-            declared = conn.default_channel.queue_declare(queue, durable=True, auto_delete=False)
-            return int(declared.message_count)
-
+class Env(UniqueEnv):
     def hold_worker(self) -> str:
         blocker = key()
         self.tasks["gated"].apply_async((blocker,), unique=False)
@@ -62,24 +31,8 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
-    require("redis")
-    app = new_app("unique_option", broker_transport_options={"confirm_publish": True})
-    store = RedisStore(REDIS_URL, prefix=f"it_{uuid.uuid4().hex[:10]}")
-    handler = IdempotencyHandler(store, metrics=None, lease_timeout=30)
-    setup(app, handler, beat=False)
-    e = Env(app, handler)
-    _declare_tasks(e)
-    try:
-        with running_worker(app, concurrency=1):
-            yield e
-    finally:
-        for gate in e.gates.values():
-            gate.set()
-        with app.connection_for_write() as conn:
-            for queue in e.queues:
-                conn.default_channel.queue_delete(queue)
-        store.drop_schema()
-        store.close()
+    with running_env("unique_option", _declare_tasks) as e:
+        yield e
 
 
 def _own_key(k: str) -> str:
@@ -90,8 +43,8 @@ def _tenant(k: str) -> str:
     return TENANT
 
 
-def _declare_tasks(e: Env) -> None:
-    app = e.app
+def _declare_tasks(app: Celery, handler: IdempotencyHandler, prefix: str) -> Env:
+    e = Env(app, handler, prefix)
 
     @app.task(base=IdempotentTask, name="t.unique_gated", shared=False, unique=True,
               key=_own_key, tenant=_tenant)
@@ -120,6 +73,7 @@ def _declare_tasks(e: Env) -> None:
         return k
 
     e.tasks.update(gated=gated, retrying=retrying, keyless=keyless, plain=plain)
+    return e
 
 
 def test_two_calls_publish_once_and_return_the_pending_result(env: Env) -> None:

@@ -9,46 +9,22 @@ stays pending until the test lets it go.
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import dramatiq
 import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler, Record, RedisStore
-from idempotent_tasks.dramatiq import (
-    IdempotencyMiddleware,
-    IdempotencyMiddlewareError,
-    UniqueActor,
-    idempotent_actor,
-)
-from tests._services import REDIS_URL, private_vhost, require
-from tests._wait import budget, wait_until
+from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler
+from idempotent_tasks.dramatiq import IdempotencyMiddlewareError, UniqueActor, idempotent_actor
+from tests._wait import budget
 
-TENANT = "acme"
-WAIT = 20.0
+from ._unique_env import TENANT, WAIT, UniqueEnv, key, running_env, wait_for
 
 
-@dataclass
-class Env:
-    broker: RabbitmqBroker
-    handler: IdempotencyHandler
-    actors: dict[str, Any] = field(default_factory=dict)
-    runs: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    started: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-    gates: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-
-    def mark(self, actor: Any, k: str) -> Record | None:
-        return self.handler.get_record(operation=f"enqueue:{actor.actor_name}", tenant=TENANT,
-                                       key=k)
-
+class Env(UniqueEnv):
     def held(self, **options: Any) -> tuple[Any, str]:
         """A UniqueActor on a queue no worker consumes, and that queue."""
         queue = f"held_{uuid.uuid4().hex[:8]}"
@@ -56,13 +32,6 @@ class Env:
                                actor_name=queue, queue_name=queue, **options)
         self.broker.declare_queue(queue, ensure=True)
         return actor, queue
-
-    def queued(self, queue: str) -> int:
-        return int(self.broker.get_queue_message_counts(queue)[0])
-
-
-def key() -> str:
-    return f"k-{uuid.uuid4()}"
 
 
 def _noop(k: str = "") -> None:
@@ -75,32 +44,12 @@ def _own_key(k: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
-    require("redis")
-    with private_vhost("dramatiq_unique_option") as url:
-        broker = RabbitmqBroker(url=url, confirm_delivery=True)
-        store = RedisStore(REDIS_URL, prefix=f"it_{uuid.uuid4().hex[:10]}")
-        handler = IdempotencyHandler(store, metrics=None, lease_timeout=30)
-        broker.add_middleware(IdempotencyMiddleware(handler, maintenance=False))
-        e = Env(broker, handler)
-        _declare_actors(e)
-        worker = dramatiq.Worker(broker, queues={"default"}, worker_threads=1, worker_timeout=100)
-        worker.start()
-        try:
-            yield e
-        finally:
-            for gate in e.gates.values():
-                gate.set()
-            worker.stop()
-            broker.close()
-            store.drop_schema()
-            store.close()
+    with running_env("dramatiq_unique_option", _declare_actors) as e:
+        yield e
 
 
-def _declare_actors(e: Env) -> None:
-    def gated(k: str) -> None:
-        e.runs[k] += 1
-        e.started[k].set()
-        assert e.gates[k].wait(budget(WAIT))
+def _declare_actors(broker: RabbitmqBroker, handler: IdempotencyHandler, prefix: str) -> Env:
+    e = Env(broker, handler, prefix)
 
     def flaky(k: str) -> None:
         e.runs[k] += 1
@@ -109,14 +58,11 @@ def _declare_actors(e: Env) -> None:
 
     unique: dict[str, Any] = {"actor_class": UniqueActor, "unique": True, "key": _own_key,
                               "tenant": TENANT}
-    e.actors["gated"] = dramatiq.actor(gated, broker=e.broker, actor_name="uo_gated", **unique)
+    e.actors["gated"] = dramatiq.actor(e.gated, broker=e.broker, actor_name="uo_gated", **unique)
     e.actors["flaky"] = dramatiq.actor(
         flaky, broker=e.broker, actor_name="uo_flaky", unique_until="finish", min_backoff=10,
         max_backoff=20, **unique)
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    wait_until(condition, what, WAIT, poll=0.01)
+    return e
 
 
 def test_two_sends_enqueue_once_and_return_the_pending_message(env: Env) -> None:
