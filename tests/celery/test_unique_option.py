@@ -15,7 +15,7 @@ import pytest
 from celery import Celery, chain
 
 from idempotent_tasks import ConfigurationError, ErrorCode, IdempotencyHandler
-from idempotent_tasks.celery import IdempotentTask
+from idempotent_tasks.celery import IdempotentTask, idempotent_task
 
 from ._unique_env import TENANT, UniqueEnv, running_env
 from .conftest import RESULT_TIMEOUT, key, wait_for
@@ -170,3 +170,13 @@ def test_the_options_are_checked(env: Env) -> None:
     with pytest.raises(ConfigurationError, match="unique_until"):
         env.app.task(base=IdempotentTask, name="t.unique_typo", shared=False, unique=True,
                      unique_until="end")(_own_key)
+
+
+def test_idempotent_task_takes_the_options(env: Env) -> None:
+    idempotent_task(name="t.unique_decorated", unique=True, unique_until="finish",
+                    unique_lease_timeout=600, key=_own_key, tenant=_tenant)(_own_key)
+    task = env.app.tasks["t.unique_decorated"]  # shared: bound to every finalized app
+    assert (task.unique, task.unique_until, task.unique_lease_timeout) == (True, "finish", 600)
+    k, queue = key(), env.held_queue()
+    assert task.apply_async((k,), queue=queue).id == task.apply_async((k,), queue=queue).id
+    assert env.queued(queue) == 1
