@@ -65,14 +65,22 @@ async def _woken(waiter: asyncio.Task[bool]) -> bool:
         return await waiter
 
 
+async def _wakes(
+    store: Any, scope: Scope, announce: Callable[[Scope], Awaitable[None]] | None = None
+) -> None:
+    """A waiting task of ``scope`` is woken by an announcement (``announce``, by default
+    the store's own)."""
+    waiter = asyncio.ensure_future(store.wait_for_change(scope, timeout=LONG))
+    await _registered(store, scope)
+    await (announce or store.announce_change)(scope)
+    assert await _woken(waiter) is True
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_an_announcement_wakes_a_waiting_task(driver: str) -> None:
     async def body(store: Any) -> None:
         assert isinstance(store, AsyncChangeFeedStore)
-        waiter = asyncio.ensure_future(store.wait_for_change(A, timeout=LONG))
-        await _registered(store, A)
-        await store.announce_change(A)
-        assert await _woken(waiter) is True
+        await _wakes(store, A)
 
     _run(driver, body)
 
@@ -128,11 +136,8 @@ def test_the_listener_reconnects_after_its_backend_is_terminated(driver: str) ->
         (pid,) = await asyncio.to_thread(_listener_pids, store)
         await asyncio.to_thread(_admin, "SELECT pg_terminate_backend(%s)", pid)
         assert await _woken(stranded) is True  # woken once listening again
-        later = asyncio.ensure_future(store.wait_for_change(B, timeout=LONG))
-        await _registered(store, B)
+        await _wakes(store, B)
         assert await asyncio.to_thread(_listener_pids, store) not in ([], [pid])
-        await store.announce_change(B)
-        assert await _woken(later) is True
 
     _run(driver, body)
 
@@ -147,10 +152,7 @@ def test_close_ends_the_listener_task_and_its_connection(driver: str) -> None:
         async with asyncio.timeout(budget(10)):
             while await asyncio.to_thread(_listener_pids, store):
                 await asyncio.sleep(0.02)  # the server ends the backend after the close
-        waiter = asyncio.ensure_future(store.wait_for_change(A, timeout=LONG))
-        await _registered(store, A)
-        await store.announce_change(A)
-        assert await _woken(waiter) is True
+        await _wakes(store, A)
 
     _run(driver, body)
 
@@ -160,10 +162,7 @@ def test_sync_and_async_stores_wake_each_other(driver: str) -> None:
     async def body(store: Any) -> None:
         sync = SQLStore(POSTGRES_URL, table_prefix=store.table_prefix)
         try:
-            waiter = asyncio.ensure_future(store.wait_for_change(A, timeout=LONG))
-            await _registered(store, A)
-            await asyncio.to_thread(sync.announce_change, A)
-            assert await _woken(waiter) is True
+            await _wakes(store, A, lambda scope: asyncio.to_thread(sync.announce_change, scope))
             answers: list[bool] = []
             thread = threading.Thread(
                 target=lambda: answers.append(sync.wait_for_change(B, timeout=LONG))
@@ -192,9 +191,6 @@ def test_behind_pgbouncer_the_feed_needs_listen_url(driver: str) -> None:
 
     async def body(store: Any) -> None:
         assert isinstance(store, AsyncChangeFeedStore)
-        waiter = asyncio.ensure_future(store.wait_for_change(A, timeout=LONG))
-        await _registered(store, A)
-        await store.announce_change(A)  # pg_notify through PgBouncer
-        assert await _woken(waiter) is True
+        await _wakes(store, A)  # pg_notify through PgBouncer
 
     _run(driver, body, url=bouncer, prepare=False, listen_url=POSTGRES_URL)

@@ -87,15 +87,20 @@ class Waiter:
         return self.answer
 
 
+def _wakes(store: Any, scope: Scope) -> None:
+    """A waiter of ``scope`` in another thread is woken by the store's announcement."""
+    waiter = Waiter(store, scope)
+    waiter.registered()
+    store.announce_change(scope)
+    assert waiter.result() is True
+
+
 def test_a_postgres_store_is_a_change_feed_store(store: SQLStore) -> None:
     assert isinstance(store, ChangeFeedStore)
 
 
 def test_an_announcement_wakes_a_waiter_in_another_thread(store: SQLStore) -> None:
-    waiter = Waiter(store, A)
-    waiter.registered()
-    store.announce_change(A)
-    assert waiter.result() is True
+    _wakes(store, A)
 
 
 def test_an_announcement_from_another_process_wakes_the_waiter(store: SQLStore) -> None:
@@ -149,10 +154,7 @@ def test_the_listener_reconnects_after_its_backend_is_terminated(store: SQLStore
     _admin("SELECT pg_terminate_backend(%s)", pid)
     assert stranded.result() is True
     wait_until(lambda: _listener_pids(store) not in ([], [pid]), "a new listener", 10)
-    later = Waiter(store, B)
-    later.registered()
-    store.announce_change(B)
-    assert later.result() is True
+    _wakes(store, B)
     assert len(_listener_pids(store)) == 1
 
 
@@ -164,10 +166,7 @@ def test_close_joins_the_listener_and_a_later_wait_listens_again(store: SQLStore
     store.close()
     assert not thread.is_alive()
     wait_until(lambda: not _listener_pids(store), "the listener's backend to end", 10)
-    waiter = Waiter(store, A)
-    waiter.registered()
-    store.announce_change(A)
-    assert waiter.result() is True
+    _wakes(store, A)
 
 
 def test_the_channel_and_payload_carry_no_key() -> None:
@@ -202,10 +201,7 @@ def test_behind_pgbouncer_the_feed_needs_listen_url() -> None:
     listening.create_schema()
     try:
         assert isinstance(listening, ChangeFeedStore)
-        waiter = Waiter(listening, A)
-        waiter.registered()
-        listening.announce_change(A)  # pg_notify through PgBouncer
-        assert waiter.result() is True
+        _wakes(listening, A)  # pg_notify through PgBouncer
     finally:
         listening.close()
         listening.drop_schema()
