@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from idempotent_tasks import SQLStore
 from idempotent_tasks.stores import AsyncChangeFeedStore, ChangeFeedStore, Scope
-from idempotent_tasks.stores.sql.protocol import scope_digest
+from idempotent_tasks.stores._feed import scope_digest
 
 from .._services import PGBOUNCER_URL, POSTGRES_URL, require
 from .._wait import budget
@@ -168,7 +168,7 @@ def test_sync_and_async_stores_wake_each_other(driver: str) -> None:
                 target=lambda: answers.append(sync.wait_for_change(B, timeout=LONG))
             )
             thread.start()
-            while not (sync._feed.listening and scope_digest(B) in sync._feed._waiters):
+            while not (sync._feed.listening and scope_digest(B) in sync._feed.waiters._events):
                 await asyncio.sleep(0.01)  # polling the other thread's registration
             await store.announce_change(B)
             await asyncio.to_thread(thread.join, budget(10))

@@ -23,7 +23,8 @@ import sqlalchemy as sa
 
 from idempotent_tasks import ConfigurationError, SQLStore
 from idempotent_tasks.stores import ChangeFeedStore, Scope
-from idempotent_tasks.stores.sql.protocol import channel_name, listener_name, scope_digest
+from idempotent_tasks.stores._feed import scope_digest
+from idempotent_tasks.stores.sql.protocol import channel_name, listener_name
 
 from .._services import PGBOUNCER_URL, POSTGRES_URL, require
 from .._wait import budget, wait_until
@@ -78,7 +79,7 @@ class Waiter:
     def registered(self) -> None:
         """Until this waiter's event is in the registry and the listener listens."""
         feed = self.store._feed
-        wait_until(lambda: feed.listening and scope_digest(self.scope) in feed._waiters,
+        wait_until(lambda: feed.listening and scope_digest(self.scope) in feed.waiters._events,
                    "the waiter to be registered", 10)
 
     def result(self) -> bool | None:
@@ -130,7 +131,7 @@ def test_an_announcement_wakes_only_its_own_scope(store: SQLStore) -> None:
     store.announce_change(B)
     assert b.result() is True  # B's notification has been dispatched
     assert store._feed is not None
-    events = store._feed._waiters[scope_digest(A)]
+    events = store._feed.waiters._events[scope_digest(A)]
     assert events and not any(event.is_set() for event in events)  # A still waits, unwoken
     store.announce_change(A)
     assert a.result() is True

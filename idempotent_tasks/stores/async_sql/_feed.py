@@ -26,13 +26,13 @@ from typing import Any
 
 from ..._core.logging import default_logger
 from ..._core.records import Scope
+from .._feed import scope_digest
 from ..sql.protocol import (
     LISTEN_TICK,
     PING_INTERVAL,
     RECONNECT_DELAYS,
     listen_sql,
     listener_name,
-    scope_digest,
 )
 
 _log = default_logger()

@@ -3,18 +3,19 @@
 
 * Channel: ``<table_prefix>_changes`` (the prefix is a validated identifier of at most 40
   characters, so the channel is a valid, bounded identifier; stores sharing tables share it).
-  Payload: the first 32 hex digits of the SHA-256 of the scope's length-prefixed form: no
-  key, tenant or operation travels in a notification, and a payload never nears
-  PostgreSQL's 8000-byte limit.
+  Payload: the scope's digest (``stores/_feed.py``: 32 hex characters): no key, tenant or
+  operation travels in a notification, and a payload never nears PostgreSQL's 8000-byte
+  limit.
 * ``announce_change(scope)``: ``SELECT pg_notify(channel, payload)`` on one of the store's
   own autocommit connections, one round trip, delivered once that statement commits (it
   is called after the outcome it announces was written).  It works through PgBouncer.
-* ``wait_for_change(scope, timeout=)``: the waiter registers an event under the payload,
-  then blocks on it.  One listener per store and process — a connection of its own
-  (autocommit, ``LISTEN``), read by one daemon thread through psycopg's
-  ``Connection.notifies(timeout=...)`` — sets the events registered for each payload it
-  receives, so a waiter wakes only for its own scope.  The listener starts with the first
-  wait, which does not return before ``LISTEN`` is active (or its timeout passed).
+* ``wait_for_change(scope, timeout=)``: the waiter registers an event under the payload
+  (``stores/_feed.py``'s ``Waiters``) and blocks on it.  One listener per store and
+  process — a connection of its own (autocommit, ``LISTEN``), read by one daemon thread
+  through psycopg's ``Connection.notifies(timeout=...)`` — sets the events registered for
+  each payload it receives, so a waiter wakes only for its own scope.  The listener starts
+  with the first wait, which does not return before ``LISTEN`` is active (or its timeout
+  passed).
 * Failures: a lost listener connection is logged (``change_feed_lost``) and reopened with
   a doubling delay; meanwhile waiters sleep to their timeout (the polling they replace).
   Once listening again it wakes every waiter, since announcements made meanwhile were
@@ -29,7 +30,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import threading
@@ -44,6 +44,7 @@ from sqlalchemy.engine import Engine
 from ..._core.errors import ConfigurationError
 from ..._core.logging import default_logger
 from ..._core.records import Scope
+from .._feed import Waiters, scope_digest
 from ._connections import _break_connection, _Watchdog
 from ._plans import ROWS, Plan
 
@@ -65,11 +66,6 @@ def channel_name(table_prefix: str) -> str:
 def listener_name(channel: str) -> str:
     """The listener connection's ``application_name`` (``pg_stat_activity``)."""
     return f"idempotent-tasks LISTEN {channel}"[:63]
-
-
-def scope_digest(scope: Scope) -> str:
-    """A notification's payload: 128 bits of the scope's SHA-256, never the key itself."""
-    return hashlib.sha256(scope.encoded().encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def notify_plan(channel: str, scope: Scope) -> Plan[None]:
@@ -156,49 +152,30 @@ class ChangeFeed:
         self._ping = ping
         self._interrupt = interrupt
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = {}
+        self.waiters = Waiters()
         self._listener: _Listener | None = None
         self._pid = os.getpid()
 
     def wait(self, scope: Scope, *, timeout: float) -> bool:
-        """Register, then block until the scope's payload arrives or ``timeout`` passes."""
+        """Block until the scope's payload arrives or ``timeout`` passes; the first wait
+        does not return before ``LISTEN`` is active (or its timeout passed)."""
         deadline = time.monotonic() + max(0.0, timeout)
-        payload, event = scope_digest(scope), threading.Event()
         with self._lock:
             listener = self._running()
-            self._waiters.setdefault(payload, set()).add(event)
-        try:
-            listener.ready.wait(max(0.0, timeout))  # LISTEN active before the first look
-            return event.wait(max(0.0, deadline - time.monotonic()))
-        finally:
-            with self._lock:
-                events = self._waiters.get(payload)
-                if events is not None:
-                    events.discard(event)
-                    if not events:
-                        del self._waiters[payload]
+        if not listener.ready.is_set():  # nothing is heard before LISTEN
+            listener.ready.wait(max(0.0, timeout))
+        return self.waiters.wait(scope_digest(scope), max(0.0, deadline - time.monotonic()))
 
     def _running(self) -> _Listener:
         """The listener, started on first use (and afresh in a forked child, whose copy of
         the parent's thread does not run: the parent's connection is left untouched)."""
         if self._pid != os.getpid():
-            self._pid, self._listener, self._waiters = os.getpid(), None, {}
+            self._pid, self._listener, self.waiters = os.getpid(), None, Waiters()
         listener = self._listener
         if listener is None:
             listener = self._listener = _Listener(self)
             listener.thread.start()
         return listener
-
-    def dispatch(self, payload: str) -> None:
-        with self._lock:
-            for event in self._waiters.get(payload, ()):
-                event.set()
-
-    def wake_all(self) -> None:
-        with self._lock:
-            for events in self._waiters.values():
-                for event in events:
-                    event.set()
 
     @property
     def listening(self) -> bool:
@@ -238,7 +215,7 @@ class _Listener:
                 self.connection = conn = self.feed._connect()
                 conn.execute(listen_sql(self.feed.channel))
                 if opened:  # what was announced while we were away is lost: look again
-                    self.feed.wake_all()
+                    self.feed.waiters.wake_all()
                 opened += 1
                 self.ready.set()
                 delay = RECONNECT_DELAYS[0]
@@ -257,7 +234,7 @@ class _Listener:
         quiet_since = time.monotonic()
         while not self._stop.is_set():
             for note in conn.notifies(timeout=LISTEN_TICK):
-                self.feed.dispatch(note.payload)
+                self.feed.waiters.wake(note.payload)
                 quiet_since = time.monotonic()
             if time.monotonic() - quiet_since >= PING_INTERVAL:
                 self.feed._ping(conn)

@@ -16,7 +16,7 @@ store, the transactional outbox) and the async store share with ``SQLStore``.
   :func:`upgrade_schema` and :data:`UPGRADABLE` (an earlier release's tables brought up to
   date in place, through any ``run(sql)``).
 * Change feed (``LISTEN``/``NOTIFY``, shared by both stores): :func:`channel_name`,
-  :func:`scope_digest`, :func:`notify_plan`, :func:`listen_sql`, :func:`listener_name`,
+  :func:`notify_plan`, :func:`listen_sql`, :func:`listener_name`,
   :func:`listen_conninfo`, :data:`LISTEN_TICK`, :data:`PING_INTERVAL`,
   :data:`RECONNECT_DELAYS`.
 * Errors: :func:`translate` (a driver error → ``ConfigurationError`` for a missing schema or
@@ -37,7 +37,6 @@ from ._feed import (
     listen_sql,
     listener_name,
     notify_plan,
-    scope_digest,
 )
 from ._plans import (
     COUNT,
@@ -106,7 +105,6 @@ __all__ = [
     "register_schema_extension",
     "schema_missing",
     "schema_objects",
-    "scope_digest",
     "scope_params",
     "translate",
     "upgrade_schema",
