@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from idempotent_tasks import ConfigurationError, SQLStore
 from idempotent_tasks.stores import ChangeFeedStore, Scope
-from idempotent_tasks.stores._feed import scope_digest
+from idempotent_tasks.stores._feed import Waiters, scope_digest
 from idempotent_tasks.stores.sql.protocol import channel_name, listener_name
 
 from .._services import PGBOUNCER_URL, POSTGRES_URL, require
@@ -208,3 +208,19 @@ def test_behind_pgbouncer_the_feed_needs_listen_url() -> None:
         listening.drop_schema()
         listening.close()
         polling.close()
+
+
+def test_wake_all_wakes_every_registered_waiter_once() -> None:
+    """What a listener back from a lost connection does: every waiter looks again."""
+    waiters = Waiters()
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda s=s: answers.append(
+        waiters.wait(scope_digest(s), LONG))) for s in (A, A, B)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(waiters) == 3, "three registered waiters", 10)
+    waiters.wake_all()
+    for thread in threads:
+        thread.join(budget(10))
+    assert answers == [True, True, True] and len(waiters) == 0
+    assert waiters.wait(scope_digest(A), 0.01) is False  # nothing left set
