@@ -53,6 +53,15 @@ class Waiters:
         for event in events:
             event.set()
 
+    def wake_all(self) -> None:
+        """Wake every waiting thread (a listener that was away may have missed announcements:
+        its waiters look at their records once more)."""
+        with self._lock:
+            events, self._events = self._events, {}
+        for waiting in events.values():
+            for event in waiting:
+                event.set()
+
     def __len__(self) -> int:
         with self._lock:
             return sum(len(events) for events in self._events.values())
