@@ -473,6 +473,30 @@ def test_create_many_is_one_round_trip_per_500_scopes(rstore: RedisStore, raw: A
     assert len(set(tokens)) == 1200
 
 
+def test_mark_success_many_is_one_script_call_per_500_writes(
+    rstore: RedisStore, raw: Any
+) -> None:
+    """The batch completion's cost model: 700 writes are two script calls (not one per
+    write), each write still conditional on its own token: a stale one is refused, its
+    record left as it was."""
+    claims = [ClaimRequest(Scope("t", "bulk-done", str(i)), "h") for i in range(700)]
+    created = rstore.create_many(claims, now=NOW, lease_expires_at=NOW + 30)
+    writes = [
+        SuccessWrite(c.scope, r.record.fencing_token + (1 if i == 3 else 0), b"r%d" % i,
+                     NOW + 60)
+        for i, (c, r) in enumerate(zip(claims, created, strict=True))
+    ]
+    before = _evalsha_calls(raw)
+    written = rstore.mark_success_many(writes, now=NOW + 1)
+    assert _evalsha_calls(raw) - before == 2
+    assert written == [i != 3 for i in range(700)]
+    stale = rstore.get(claims[3].scope)
+    assert stale is not None and stale.status is Status.PROCESSING
+    done = rstore.get(claims[699].scope)
+    assert done is not None and done.status is Status.SUCCESS and done.response == b"r699"
+    assert done.expires_at == NOW + 60
+
+
 # -- the hot path's per-thread connections ------------------------------------------------
 def _connection_id(store: RedisStore) -> int:
     """The server's id of this thread's held connection (the one the scripts use)."""
