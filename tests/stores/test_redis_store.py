@@ -694,3 +694,25 @@ def test_the_direct_packer_packs_every_argument_as_redis_py_would() -> None:
     assert pack(command) == b"".join(conn.pack_command(*command))
     assert hiredis_packer({"encoding": "latin-1"}) is None
     assert hiredis_packer({"encoding": "UTF_8"}) is not None
+
+
+def test_mark_success_many_after_create_many_writes_each_scope_s_own_record(
+    rstore: RedisStore,
+) -> None:
+    """The key names a batch claim computed are reused by the completion that follows (for
+    speed); a scope that batch did not claim is named afresh: every write lands on its own
+    record, whichever way its names were found."""
+    batch = [Scope("t", "reuse", f"b{i}") for i in range(3)]
+    other = Scope("t", "reuse", "single")
+    tokens = [r.record.fencing_token for r in rstore.create_many(
+        [ClaimRequest(s, "h") for s in batch], now=NOW, lease_expires_at=NOW + 30)]
+    lone = rstore.create(other, request_hash="h", now=NOW, lease_expires_at=NOW + 30)
+    writes = [
+        SuccessWrite(s, t, s.key.encode(), NOW + 60) for s, t in zip(batch, tokens, strict=True)
+    ]
+    writes.append(SuccessWrite(other, lone.record.fencing_token, b"single", NOW + 60))
+    assert rstore.mark_success_many(writes, now=NOW + 1) == [True] * 4
+    for scope in [*batch, other]:
+        got = rstore.get(scope)
+        assert got is not None and got.status is Status.SUCCESS
+        assert got.response == scope.key.encode()

@@ -10,7 +10,8 @@ their replies; nothing here talks to a driver or awaits.  Key layout and reply p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final
 
 from ..._core.errors import ConfigurationError
@@ -30,6 +31,12 @@ CLAIM_CHUNK: Final = 500
 class RedisProtocol(MaintenancePlans):
     """The plans of every store primitive (see the package docstring for what they
     guarantee)."""
+
+    #: The key names of the last ``create_many``'s scopes, for the ``mark_success_many``
+    #: that usually follows with the same scopes (for speed: a scope's key names cost a
+    #: SHA-256 and five strings).  Replaced whole, never changed in place: a thread reads
+    #: one batch's names or another's, and a scope not found is named afresh.
+    _claimed_keys: Mapping[Scope, Keys] = MappingProxyType({})
 
     @classmethod
     def on(
@@ -78,6 +85,8 @@ class RedisProtocol(MaintenancePlans):
         if not claims:
             return []
         keyed = [(c, Keys(c.scope, self.shards)) for c in claims]
+        if len(keyed) <= CLAIM_CHUNK:  # bounded: one script call's worth
+            self._claimed_keys = {c.scope: k for c, k in keyed}
         groups = self._groups([k for _, k in keyed])
         calls = [self._claim_call(keyed, g, now, lease_expires_at) for g in groups]
         replies = yield from self.eval_many("claim_many", calls)
@@ -176,7 +185,8 @@ class RedisProtocol(MaintenancePlans):
         one script and the client packs one command and reads one reply (for speed)."""
         if not writes:
             return []
-        keys = [Keys(w.scope, self.shards) for w in writes]
+        known, shards = self._claimed_keys, self.shards
+        keys = [known.get(w.scope) or Keys(w.scope, shards) for w in writes]
         groups = self._groups(keys)
         calls: list[tuple[Sequence[str], Sequence[Any]]] = []
         for group in groups:
