@@ -476,6 +476,30 @@ def test_create_many_is_one_round_trip_per_500_scopes(rstore: RedisStore, raw: A
     assert len(set(tokens)) == 1200
 
 
+def test_mark_success_many_is_one_script_call_per_500_writes(
+    rstore: RedisStore, raw: Any
+) -> None:
+    """The batch completion's cost model: 700 writes are two script calls (not one per
+    write), each write still conditional on its own token: a stale one is refused, its
+    record left as it was."""
+    claims = [ClaimRequest(Scope("t", "bulk-done", str(i)), "h") for i in range(700)]
+    created = rstore.create_many(claims, now=NOW, lease_expires_at=NOW + 30)
+    writes = [
+        SuccessWrite(c.scope, r.record.fencing_token + (1 if i == 3 else 0), b"r%d" % i,
+                     NOW + 60)
+        for i, (c, r) in enumerate(zip(claims, created, strict=True))
+    ]
+    before = _evalsha_calls(raw)
+    written = rstore.mark_success_many(writes, now=NOW + 1)
+    assert _evalsha_calls(raw) - before == 2
+    assert written == [i != 3 for i in range(700)]
+    stale = rstore.get(claims[3].scope)
+    assert stale is not None and stale.status is Status.PROCESSING
+    done = rstore.get(claims[699].scope)
+    assert done is not None and done.status is Status.SUCCESS and done.response == b"r699"
+    assert done.expires_at == NOW + 60
+
+
 # -- the hot path's per-thread connections ------------------------------------------------
 def _connection_id(store: RedisStore) -> int:
     """The server's id of this thread's held connection (the one the scripts use)."""
@@ -655,3 +679,43 @@ def test_import_works_without_redis_and_the_store_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.count("pip install 'idempotent-tasks[redis]'") == 2
+
+
+def test_the_direct_packer_packs_every_argument_as_redis_py_would() -> None:
+    """The held connections pack with hiredis directly (for speed); the bytes on the wire
+    are redis-py's own for every argument type the scripts are given, and a client with
+    another encoding keeps redis-py's packer (its keys would differ)."""
+    import redis
+
+    from idempotent_tasks.stores.redis._direct import hiredis_packer
+
+    pack = hiredis_packer({})
+    assert pack is not None
+    conn = redis.Connection()
+    command = ("EVALSHA", "f" * 40, 2, "idem:{0a}:é:r", b"\x00\xffraw", 1796538432.0667012,
+               0.1, 1e-7, 1e20, -5, 2**70, "", b"")
+    assert pack(command) == b"".join(conn.pack_command(*command))
+    assert hiredis_packer({"encoding": "latin-1"}) is None
+    assert hiredis_packer({"encoding": "UTF_8"}) is not None
+
+
+def test_mark_success_many_after_create_many_writes_each_scope_s_own_record(
+    rstore: RedisStore,
+) -> None:
+    """The key names a batch claim computed are reused by the completion that follows (for
+    speed); a scope that batch did not claim is named afresh: every write lands on its own
+    record, whichever way its names were found."""
+    batch = [Scope("t", "reuse", f"b{i}") for i in range(3)]
+    other = Scope("t", "reuse", "single")
+    tokens = [r.record.fencing_token for r in rstore.create_many(
+        [ClaimRequest(s, "h") for s in batch], now=NOW, lease_expires_at=NOW + 30)]
+    lone = rstore.create(other, request_hash="h", now=NOW, lease_expires_at=NOW + 30)
+    writes = [
+        SuccessWrite(s, t, s.key.encode(), NOW + 60) for s, t in zip(batch, tokens, strict=True)
+    ]
+    writes.append(SuccessWrite(other, lone.record.fencing_token, b"single", NOW + 60))
+    assert rstore.mark_success_many(writes, now=NOW + 1) == [True] * 4
+    for scope in [*batch, other]:
+        got = rstore.get(scope)
+        assert got is not None and got.status is Status.SUCCESS
+        assert got.response == scope.key.encode()

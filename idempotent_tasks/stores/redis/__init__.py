@@ -10,7 +10,9 @@ Redis together.
 * Guarantee: every primitive of the store contract (``stores/base.py``) is one atomic
   ``EVALSHA`` of a script shipped in ``stores/redis/lua/``; ``create`` returns the existing
   record in the same round trip on DUPLICATE (replacing an *expired* record takes a second,
-  equally atomic script that re-checks the expiry and also resets the counter).
+  equally atomic script that re-checks the expiry and also resets the counter).  The batch
+  primitives (``create_many``, ``mark_success_many``) are one script call per 500 scopes
+  (per shard on Redis Cluster), each scope in it decided on its own, atomically.
   Durability is Redis's own: with ``appendonly yes`` and ``appendfsync always`` a claim
   survives a server crash; with snapshots or no persistence a restart forgets claims (and
   duplicates may then run again).  A failover to a replica that had not received the last
