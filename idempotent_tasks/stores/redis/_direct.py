@@ -6,8 +6,12 @@ in: a cost of its own per command, paid twice per first delivery (docs/performan
 the figures).  ``ThreadConnections`` keeps one
 ``redis.Connection`` per thread instead, built from the client pool's own class and
 settings (URL, credentials, TLS, timeouts), and sends each script with
-``send_command`` + ``read_response``.  redis-py still packs, parses, connects and
-reconnects; only the per-call checkout and dispatch are skipped.
+``send_packed_command`` + ``read_response``.  redis-py still parses, connects and
+reconnects; only the per-call checkout and dispatch are skipped.  With hiredis installed a
+command is packed by ``hiredis.pack_command`` in one C call (redis-py's own packer encodes
+each argument in Python first: ~10 µs for a claim's eleven arguments); the bytes are the
+same (str as UTF-8, numbers as ``repr``), so it is used only with the default UTF-8
+encoding, and never for a command whose name has a space (``SCRIPT LOAD``).
 
 * Failures: redis-py disconnects a connection on any error while sending or reading
   (timeouts, resets, interrupts), so a half-read reply never reaches the next call; the
@@ -28,7 +32,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -41,6 +45,7 @@ class ThreadConnections:
         #: redis-py's health check (a PING after ``health_check_interval`` idle seconds) is
         #: kept only when the client asked for it: otherwise it is a no-op call per command.
         self._check_health = bool(self._kwargs.get("health_check_interval"))
+        self._pack = _hiredis_packer(self._kwargs)
         self._local = threading.local()
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -50,7 +55,12 @@ class ThreadConnections:
         """Send one command on this thread's connection and return its reply (server error
         replies are raised as redis-py's ``ResponseError`` subclasses)."""
         conn = self._ready()
-        conn.send_packed_command(conn.pack_command(*args), check_health=self._check_health)
+        pack = self._pack
+        packed = (  # a list of bytes, what redis-py's packer returns
+            [pack(args)] if pack is not None and " " not in args[0]
+            else conn.pack_command(*args)
+        )
+        conn.send_packed_command(packed, check_health=self._check_health)
         return conn.read_response()
 
     def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -106,6 +116,20 @@ class ThreadConnections:
         self._local = threading.local()
         self._all = weakref.WeakSet()
         self._lock = threading.Lock()
+
+
+def _hiredis_packer(kwargs: dict[str, Any]) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """``hiredis.pack_command`` when hiredis is installed and the connection encodes str as
+    strict UTF-8 (what hiredis does); else None (redis-py's ``pack_command``)."""
+    try:
+        import hiredis
+    except ImportError:
+        return None
+    encoding = str(kwargs.get("encoding", "utf-8")).lower().replace("-", "").replace("_", "")
+    if encoding != "utf8" or kwargs.get("encoding_errors", "strict") != "strict":
+        return None
+    pack: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
+    return pack
 
 
 #: Every ThreadConnections of this process, for the fork hook below.
