@@ -6,7 +6,7 @@ the instruction counts over the difference of ``N`` is one operation's cost)::
         python -m benchmarks._store_cpu_probe KIND CONTENDER MODE N
 
 ``KIND`` ``postgresql`` | ``redis``; ``CONTENDER`` ``minimal`` (the minimal floor's
-statements, ``floors.minimal_floor_ops``) | ``store`` (``create`` + ``mark_success``) |
+statements, ``floors.floor_ops(..., minimal=True)``) | ``store`` (``create`` + ``mark_success``) |
 ``execute`` (the handler, ``metrics=None``); ``MODE`` ``first`` | ``replay``.  Only the
 client process is counted (the server's work is not in it).
 """
@@ -24,10 +24,12 @@ from idempotent_tasks._core.records import Scope
 
 from ._services import POSTGRES_URL, REDIS_URL
 from .core import open_store
-from .floors import _HASH, _RESPONSE, minimal_floor_ops
+from .floors import _HASH, _RESPONSE, floor_ops
 
 
-def _store_ops(store: Any) -> dict[str, Any]:
+def store_ops(store: Any) -> dict[str, Any]:
+    """``first``: ``create`` + ``mark_success`` of a fresh scope; ``replay``: ``create`` of
+    one that succeeded."""
     tag = uuid.uuid4().hex[:6]
     now = time.time()
 
@@ -66,11 +68,13 @@ def main(argv: list[str]) -> None:
     kind, contender, mode, n = argv[0], argv[1], argv[2], int(argv[3])
     with contextlib.ExitStack() as stack:
         if contender == "minimal":
-            ops = stack.enter_context(minimal_floor_ops(kind, POSTGRES_URL, REDIS_URL))
+            ops = stack.enter_context(
+                floor_ops(kind, None, POSTGRES_URL, REDIS_URL, minimal=True)  # type: ignore[arg-type]
+            )
             ops = {"first": ops["claim+complete"], "replay": ops["claim-or-get"]}
         else:
             store = stack.enter_context(open_store(kind, None))  # type: ignore[arg-type]
-            ops = _store_ops(store) if contender == "store" else _execute_ops(store)
+            ops = store_ops(store) if contender == "store" else _execute_ops(store)
         fn = ops[mode]
         for i in range(-300, 0):  # statements prepared, scripts loaded, caches warm
             fn(i - 1_000_000)

@@ -5,7 +5,7 @@ For every store: first delivery (claim + trivial body + complete), replay from t
 ``MemoryCache`` (no store round trip), and the in-progress rejection (a DUPLICATE of a
 PROCESSING record with a live lease).  Floor and ours alternate in batches of 25; the ratio
 is the median of the paired per-batch ratios.  PostgreSQL and Redis are also interleaved with
-their *minimal* floor (``floors.minimal_floor_ops``: a bare table / the plain client).
+their *minimal* floor (``floors.floor_ops(..., minimal=True)``: a bare table / the plain client).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from idempotent_tasks.testing import simulate_crash
 
 from ._services import POSTGRES_URL, REDIS_URL, drop_store
 from ._timing import Op, interleave
-from .floors import floor_ops, minimal_floor_ops
+from .floors import floor_ops
 
 STORES = ["memory", "sqlite", "postgresql", "redis"]
 PAYLOAD = {"amount": 100}
@@ -123,7 +123,7 @@ def measure_kind(kind: str, n: int) -> dict[str, Any]:
         tempfile.TemporaryDirectory() as tmp,
         open_store(kind, Path(tmp)) as store,
         floor_ops(kind, Path(tmp), POSTGRES_URL, REDIS_URL) as floor,
-        minimal_floor_ops(kind, POSTGRES_URL, REDIS_URL) as minimal,
+        floor_ops(kind, Path(tmp), POSTGRES_URL, REDIS_URL, minimal=True) as minimal,
     ):
         ours = ours_ops(store)
         rows: dict[str, Any] = {}

@@ -3,7 +3,8 @@ section: ``python -m benchmarks.floor_gap [--n 2000]``).
 
 Every row of a table is interleaved with the others in batches of 25 (``_timing.interleave``);
 the ratio is the median of the paired batch ratios to the first row, the minimal floor
-(``floors.minimal_floor_ops``).  From the top of each table down, one thing changes per row:
+(``floors.floor_ops(..., minimal=True)``).  From the top of each table down, one thing
+changes per row:
 
 * PostgreSQL (every statement prepared, autocommit, constant fencing token unless it says
   ``nextval``): the bare table with the ``"C"`` collation; a table with all the store's
@@ -30,6 +31,7 @@ from typing import Any
 from idempotent_tasks._core.records import Scope
 
 from ._services import POSTGRES_URL, REDIS_URL
+from ._store_cpu_probe import store_ops
 from ._timing import Op, interleave
 from .core import make_handler, open_store
 from .floors import (
@@ -172,21 +174,7 @@ def pg_rows(n: int) -> dict[str, Any]:
 def _store_rows(store: Any) -> dict[str, tuple[Op, Op]]:
     """``store.create`` (+ ``mark_success``) and ``execute()`` on ``store``."""
     tag = uuid.uuid4().hex[:6]
-    now = time.time()
-
-    def first(i: int) -> None:
-        scope = Scope("t", "op", f"s{tag}-{i}")
-        token = store.create(scope, request_hash=_HASH, now=now,
-                             lease_expires_at=now + 300).record.fencing_token
-        store.mark_success(scope, token=token, response=_RESPONSE, now=now,
-                           expires_at=now + 86400)
-
-    first(-1)
-    done = Scope("t", "op", f"s{tag}--1")
-
-    def replay(_: int) -> None:
-        store.create(done, request_hash=_HASH, now=now, lease_expires_at=now + 300)
-
+    ops = store_ops(store)
     h = make_handler(store)
 
     def ex_first(i: int) -> None:
@@ -197,7 +185,7 @@ def _store_rows(store: Any) -> dict[str, tuple[Op, Op]]:
     def ex_replay(_: int) -> None:
         h.execute(_body, operation="gap", tenant="t", key=f"x{tag}--1", payload={"a": 1})
 
-    return {"store.create (+ mark_success)": (first, replay),
+    return {"store.create (+ mark_success)": (ops["first"], ops["replay"]),
             "execute()": (ex_first, ex_replay)}
 
 

@@ -8,8 +8,8 @@
 * Redis: one EVALSHA claim-or-get (``SET NX`` or ``GET``) + one ``SET XX`` (claim + complete),
   and the EVALSHA claim-or-get alone on an existing key (replay).
 * SQLite: the same pair as PostgreSQL on a WAL file with ``synchronous=NORMAL``.
-* Minimal floors (``minimal_floor_ops``, PostgreSQL and Redis): a bare table of the unique key
-  and the returned columns, prepared statements; the Lua claim on a single-connection client.
+* Minimal floors (``floor_ops(..., minimal=True)``, PostgreSQL and Redis): a bare table of
+  the unique key and the returned columns, prepared; the Lua claim on a single-connection client.
 
 Each ``*_floor_ops`` context manager yields per-op callables ``fn(i)`` (``i`` a fresh index)
 that the runner interleaves with the library's own operations.
@@ -213,15 +213,18 @@ def sqlite_floor_ops(path: Path) -> Iterator[dict[str, Op]]:
 
 
 @contextlib.contextmanager
-def floor_ops(kind: str, workdir: Path, pg_url: str, redis_url: str) -> Iterator[dict[str, Op]]:
-    """The floor ops of store ``kind`` (none for the memory store)."""
+def floor_ops(
+    kind: str, workdir: Path, pg_url: str, redis_url: str, *, minimal: bool = False
+) -> Iterator[dict[str, Op]]:
+    """The floor ops of store ``kind`` (none for the memory store); with ``minimal``, its
+    minimal floor's (PostgreSQL and Redis only, none for the others)."""
     if kind == "postgresql":
-        with pg_floor_ops(pg_url) as ops:
+        with (pg_minimal_ops if minimal else pg_floor_ops)(pg_url) as ops:
             yield ops
     elif kind == "redis":
-        with redis_floor_ops(redis_url) as ops:
+        with (redis_minimal_ops if minimal else redis_floor_ops)(redis_url) as ops:
             yield ops
-    elif kind == "sqlite":
+    elif kind == "sqlite" and not minimal:
         with sqlite_floor_ops(workdir / f"floor-{uuid.uuid4().hex[:8]}.db") as ops:
             yield ops
     else:
@@ -309,19 +312,6 @@ def redis_minimal_ops(url: str) -> Iterator[dict[str, Op]]:
         for k in client.scan_iter(f"{prefix}:*", count=1000):
             client.delete(k)
         client.close()
-
-
-@contextlib.contextmanager
-def minimal_floor_ops(kind: str, pg_url: str, redis_url: str) -> Iterator[dict[str, Op]]:
-    """The minimal floor ops of store ``kind`` (PostgreSQL and Redis only; else none)."""
-    if kind == "postgresql":
-        with pg_minimal_ops(pg_url) as ops:
-            yield ops
-    elif kind == "redis":
-        with redis_minimal_ops(redis_url) as ops:
-            yield ops
-    else:
-        yield {}
 
 
 # -- the stores past one machine (scaleout.py) ------------------------------------------------

@@ -30,7 +30,7 @@ def _ratio(value: Any) -> str:
 def core_table(data: dict[str, Any], console: Console) -> None:
     t = _table("execute() per message, µs (interleaved batches of 25, medians); "
                "ratio = median of paired batch ratios ours/floor; minimal = the bare-table / "
-               "plain-client floor (floors.minimal_floor_ops)",
+               "plain-client floor (floors.floor_ops, minimal=True)",
                ["store", "measure", "ours µs", "floor µs", "floor", "ratio", "minimal µs",
                 "ratio vs minimal"])
     for kind, rows in data.items():
