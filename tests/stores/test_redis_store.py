@@ -681,24 +681,6 @@ def test_import_works_without_redis_and_the_store_names_the_extra() -> None:
     assert out.count("pip install 'idempotent-tasks[redis]'") == 2
 
 
-def test_the_direct_packer_packs_every_argument_as_redis_py_would() -> None:
-    """The held connections pack with hiredis directly (for speed); the bytes on the wire
-    are redis-py's own for every argument type the scripts are given, and a client with
-    another encoding keeps redis-py's packer (its keys would differ)."""
-    import redis
-
-    from idempotent_tasks.stores.redis._direct import hiredis_packer
-
-    pack = hiredis_packer({})
-    assert pack is not None
-    conn = redis.Connection()
-    command = ("EVALSHA", "f" * 40, 2, "idem:{0a}:é:r", b"\x00\xffraw", 1796538432.0667012,
-               0.1, 1e-7, 1e20, -5, 2**70, "", b"")
-    assert pack(command) == b"".join(conn.pack_command(*command))
-    assert hiredis_packer({"encoding": "latin-1"}) is None
-    assert hiredis_packer({"encoding": "UTF_8"}) is not None
-
-
 def test_mark_success_many_after_create_many_writes_each_scope_s_own_record(
     rstore: RedisStore,
 ) -> None:
