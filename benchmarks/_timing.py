@@ -57,18 +57,22 @@ class Interleaved:
 def interleave(ops: Mapping[str, Op], n: int, batch: int = 25, warmup: int = 50) -> Interleaved:
     """Run every op of ``ops`` for ``n`` fresh indices each, in alternating batches of
     ``batch``; ``warmup`` calls of each first (statement preparation, script loading).
-    The garbage collector is paused during a batch (and run between rounds), as timeit does."""
+    The garbage collector is paused during a batch (and run between rounds), as timeit does.
+    The order rotates from round to round, so no contender always runs first after the
+    collection (cold caches, a CPU woken from idle)."""
     result = Interleaved({name: [] for name in ops})
     for fn in ops.values():
         for i in range(-warmup, 0):
             fn(i - 10_000_000)
+    order = list(ops.items())
     gc_was_enabled = gc.isenabled()
     try:
         for start in range(0, max(n, batch), batch):
             gc.collect()
             gc.disable()
-            for name, fn in ops.items():
+            for name, fn in order:
                 result.samples[name].append(_batch_us(fn, start, batch))
+            order.append(order.pop(0))
             if gc_was_enabled:
                 gc.enable()
     finally:

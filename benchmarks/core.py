@@ -4,7 +4,8 @@ For every store: first delivery (claim + trivial body + complete), replay from t
 (a DUPLICATE of a SUCCESS record, read in the claim's own round trip), replay from a local
 ``MemoryCache`` (no store round trip), and the in-progress rejection (a DUPLICATE of a
 PROCESSING record with a live lease).  Floor and ours alternate in batches of 25; the ratio
-is the median of the paired per-batch ratios.
+is the median of the paired per-batch ratios.  PostgreSQL and Redis are also interleaved with
+their *minimal* floor (``floors.floor_ops(..., minimal=True)``: a bare table / the plain client).
 """
 
 from __future__ import annotations
@@ -116,49 +117,43 @@ def ours_ops(store: Store) -> dict[str, Op]:
 
 
 def measure_kind(kind: str, n: int) -> dict[str, Any]:
-    """Ours and the floor for one store, interleaved; medians and paired ratios."""
+    """Ours, the floor and the minimal floor for one store, interleaved; medians and paired
+    ratios."""
     with (
         tempfile.TemporaryDirectory() as tmp,
         open_store(kind, Path(tmp)) as store,
         floor_ops(kind, Path(tmp), POSTGRES_URL, REDIS_URL) as floor,
+        floor_ops(kind, Path(tmp), POSTGRES_URL, REDIS_URL, minimal=True) as minimal,
     ):
         ours = ours_ops(store)
         rows: dict[str, Any] = {}
-        if floor:
-            first = interleave(
-                {"floor": floor["claim+complete"], "ours": ours["first delivery"]}, n
-            )
-            rows["first delivery"] = _row(first, "claim+complete")
-            dup = interleave(
-                {
-                    "floor": floor["claim-or-get"],
-                    "ours": ours["replay (store)"],
-                    "in-progress": ours["in-progress rejection"],
-                },
-                n,
-            )
-            rows["replay (store)"] = _row(dup, "claim-or-get")
-            rows["in-progress rejection"] = _row(dup, "claim-or-get", "in-progress")
-        else:
-            first = interleave({"ours": ours["first delivery"]}, n)
-            rows["first delivery"] = {"ours": first.median("ours")}
-            dup = interleave(
-                {"ours": ours["replay (store)"], "in-progress": ours["in-progress rejection"]}, n
-            )
-            rows["replay (store)"] = {"ours": dup.median("ours")}
-            rows["in-progress rejection"] = {"ours": dup.median("in-progress")}
+        first_ops = {"ours": ours["first delivery"]}
+        dup_ops = {"ours": ours["replay (store)"], "in-progress": ours["in-progress rejection"]}
+        for name, ops in (("floor", floor), ("minimal", minimal)):
+            if ops:
+                first_ops[name] = ops["claim+complete"]
+                dup_ops[name] = ops["claim-or-get"]
+        first = interleave(first_ops, n)
+        dup = interleave(dup_ops, n)
+        rows["first delivery"] = _row(first, "claim+complete")
+        rows["replay (store)"] = _row(dup, "claim-or-get")
+        rows["in-progress rejection"] = _row(dup, "claim-or-get", "in-progress")
         cached = interleave({"ours": ours["replay (local cache)"]}, n)
         rows["replay (local cache)"] = {"ours": cached.median("ours")}
         return rows
 
 
 def _row(result: Any, floor_name: str, ours: str = "ours") -> dict[str, Any]:
-    return {
-        "ours": round(result.median(ours), 2),
-        "floor": round(result.median("floor"), 2),
-        "floor_name": floor_name,
-        "ratio": round(result.ratio(ours, "floor"), 3),
-    }
+    """``ours``' median, and beside it each floor measured in ``result`` with the paired
+    ratio to it (``floor``/``ratio``; ``minimal``/``ratio_minimal``)."""
+    row: dict[str, Any] = {"ours": round(result.median(ours), 2)}
+    if "floor" in result.samples:
+        row.update(floor=round(result.median("floor"), 2), floor_name=floor_name,
+                   ratio=round(result.ratio(ours, "floor"), 3))
+    if "minimal" in result.samples:
+        row.update(minimal=round(result.median("minimal"), 2),
+                   ratio_minimal=round(result.ratio(ours, "minimal"), 3))
+    return row
 
 
 def run(stores: list[str], n: int) -> dict[str, Any]:

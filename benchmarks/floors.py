@@ -8,6 +8,8 @@
 * Redis: one EVALSHA claim-or-get (``SET NX`` or ``GET``) + one ``SET XX`` (claim + complete),
   and the EVALSHA claim-or-get alone on an existing key (replay).
 * SQLite: the same pair as PostgreSQL on a WAL file with ``synchronous=NORMAL``.
+* Minimal floors (``floor_ops(..., minimal=True)``, PostgreSQL and Redis): a bare table of
+  the unique key and the returned columns, prepared; the Lua claim on a single-connection client.
 
 Each ``*_floor_ops`` context manager yields per-op callables ``fn(i)`` (``i`` a fresh index)
 that the runner interleaves with the library's own operations.
@@ -188,8 +190,8 @@ def sqlite_floor_ops(path: Path) -> Iterator[dict[str, Op]]:
         "created_at, updated_at, lease_expires_at) VALUES (?, ?, ?, 'PROCESSING', ?, ?, ?, ?, ?) "
         "ON CONFLICT DO NOTHING RETURNING status"
     )
-    get = "SELECT status, request_hash, response, fencing_token FROM floor WHERE tenant = ? " \
-          "AND operation = ? AND key = ?"
+    get = "SELECT status, request_hash, response, fencing_token FROM floor WHERE {}".format(
+        "tenant = ? AND operation = ? AND key = ?")
 
     def first(i: int) -> None:
         key = f"f{i}"
@@ -211,19 +213,105 @@ def sqlite_floor_ops(path: Path) -> Iterator[dict[str, Op]]:
 
 
 @contextlib.contextmanager
-def floor_ops(kind: str, workdir: Path, pg_url: str, redis_url: str) -> Iterator[dict[str, Op]]:
-    """The floor ops of store ``kind`` (none for the memory store)."""
+def floor_ops(
+    kind: str, workdir: Path, pg_url: str, redis_url: str, *, minimal: bool = False
+) -> Iterator[dict[str, Op]]:
+    """The floor ops of store ``kind`` (none for the memory store); with ``minimal``, its
+    minimal floor's (PostgreSQL and Redis only, none for the others)."""
     if kind == "postgresql":
-        with pg_floor_ops(pg_url) as ops:
+        with (pg_minimal_ops if minimal else pg_floor_ops)(pg_url) as ops:
             yield ops
     elif kind == "redis":
-        with redis_floor_ops(redis_url) as ops:
+        with (redis_minimal_ops if minimal else redis_floor_ops)(redis_url) as ops:
             yield ops
-    elif kind == "sqlite":
+    elif kind == "sqlite" and not minimal:
         with sqlite_floor_ops(workdir / f"floor-{uuid.uuid4().hex[:8]}.db") as ops:
             yield ops
     else:
         yield {}
+
+
+# -- the minimal floors: nothing but the unique key and what a claim returns ------------------
+#: A bare table: the unique key and the four columns a claim-or-get returns; no timestamps,
+#: no secondary index, no check constraint, no sequence, the database's default collation.
+_MIN_TABLE = (
+    "CREATE TABLE {t} (tenant text NOT NULL, operation text NOT NULL, key text NOT NULL, "
+    "status text NOT NULL, request_hash text NOT NULL, response bytea, "
+    "fencing_token bigint NOT NULL, PRIMARY KEY (tenant, operation, key))"
+)
+_MIN_CLAIM = (
+    "WITH ins AS (INSERT INTO {t} (tenant, operation, key, status, request_hash, "
+    "fencing_token) VALUES (%s, %s, %s, 'PROCESSING', %s, %s) ON CONFLICT DO NOTHING "
+    "RETURNING status, request_hash, response, fencing_token) "
+    "SELECT * FROM ins UNION ALL SELECT status, request_hash, response, fencing_token "
+    "FROM {t} WHERE tenant = %s AND operation = %s AND key = %s AND NOT EXISTS "
+    "(SELECT 1 FROM ins)"
+)
+_MIN_DONE = ("UPDATE {t} SET status = 'SUCCESS', response = %s WHERE tenant = %s "
+             "AND operation = %s AND key = %s AND fencing_token = %s")
+
+
+@contextlib.contextmanager
+def pg_minimal_ops(url: str) -> Iterator[dict[str, Op]]:
+    """The minimal PostgreSQL floor on a bare table of its own (dropped after): claim-or-get
+    in one statement and completion in one ``UPDATE``, each prepared (psycopg
+    ``prepare=True``), on one autocommit connection; a constant fencing token."""
+    import psycopg
+
+    table = f"minfloor_{uuid.uuid4().hex[:8]}"
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
+                           autocommit=True)
+    claim, done = _MIN_CLAIM.format(t=table), _MIN_DONE.format(t=table)
+    tag = f"min-{uuid.uuid4().hex[:6]}"
+
+    def first(i: int) -> None:
+        key = f"{tag}-{i}"
+        conn.execute(claim, ("t", "op", key, _HASH, 7, "t", "op", key), prepare=True).fetchone()
+        conn.execute(done, (_RESPONSE, "t", "op", key, 7), prepare=True)
+
+    def replay(_: int) -> None:
+        conn.execute(claim, ("t", "op", "done", _HASH, 8, "t", "op", "done"),
+                     prepare=True).fetchone()
+
+    try:
+        conn.execute(_MIN_TABLE.format(t=table))
+        first(-1)
+        conn.execute(claim, ("t", "op", "done", _HASH, 7, "t", "op", "done"))
+        conn.execute(done, (_RESPONSE, "t", "op", "done", 7))
+        yield {"claim+complete": first, "claim-or-get": replay}
+    finally:
+        with contextlib.suppress(Exception):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+
+@contextlib.contextmanager
+def redis_minimal_ops(url: str) -> Iterator[dict[str, Op]]:
+    """The minimal Redis floor: the same Lua claim-or-get as the floor, sent with
+    ``evalsha`` on a ``single_connection_client`` (no pool checkout, no script wrapper),
+    then ``SET XX``; the claim alone on an existing key for replays."""
+    import redis
+
+    client: Any = redis.Redis.from_url(url, single_connection_client=True)
+    sha = client.script_load(_REDIS_CLAIM)
+    prefix = f"minfloor:{uuid.uuid4().hex[:8]}"
+    processing = b"PROCESSING|" + _HASH.encode()
+
+    def first(i: int) -> None:
+        key = f"{prefix}:{i}"
+        client.evalsha(sha, 1, key, processing, 600_000)
+        client.set(key, b'SUCCESS|{"ok":true}', xx=True, px=600_000)
+
+    def replay(_: int) -> None:
+        client.evalsha(sha, 1, f"{prefix}:done", processing, 600_000)
+
+    client.set(f"{prefix}:done", b'SUCCESS|{"ok":true}', px=600_000)
+    try:
+        yield {"claim+complete": first, "claim-or-get": replay}
+    finally:
+        for k in client.scan_iter(f"{prefix}:*", count=1000):
+            client.delete(k)
+        client.close()
 
 
 # -- the stores past one machine (scaleout.py) ------------------------------------------------

@@ -29,12 +29,15 @@ def _ratio(value: Any) -> str:
 # --------------------------------------------------------------------------- sections
 def core_table(data: dict[str, Any], console: Console) -> None:
     t = _table("execute() per message, µs (interleaved batches of 25, medians); "
-               "ratio = median of paired batch ratios ours/floor",
-               ["store", "measure", "ours µs", "floor µs", "floor", "ratio"])
+               "ratio = median of paired batch ratios ours/floor; minimal = the bare-table / "
+               "plain-client floor (floors.floor_ops, minimal=True)",
+               ["store", "measure", "ours µs", "floor µs", "floor", "ratio", "minimal µs",
+                "ratio vs minimal"])
     for kind, rows in data.items():
         for measure, row in rows.items():
             t.add_row(kind, measure, _num(row["ours"]), _num(row.get("floor")),
-                      row.get("floor_name", "-"), _ratio(row.get("ratio")))
+                      row.get("floor_name", "-"), _ratio(row.get("ratio")),
+                      _num(row.get("minimal")), _ratio(row.get("ratio_minimal")))
     console.print(t)
 
 
@@ -212,6 +215,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, str]]:
                _get(report, "core", "redis", "replay (store)", "ratio"), 1.3),
         _check("replay vs PostgreSQL claim-or-get floor (one WITH ins … statement)",
                _get(report, "core", "postgresql", "replay (store)", "ratio"), 1.3),
+        *(_check(f"{measure} vs the minimal {name} floor ({floor})",
+                 _get(report, "core", kind, measure, "ratio_minimal"), 1.15)
+          for kind, name in (("postgresql", "PostgreSQL"), ("redis", "Redis"))
+          for measure, floor in (("first delivery", "claim + complete"),
+                                 ("replay (store)", "claim-or-get"))),
         _check("replay from local cache vs Powertools' cached replay",
                _get(report, "peers", "powertools (redis)", "replay (local cache)", "ratio"), 0.5),
     ]

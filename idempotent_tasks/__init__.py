@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._core.attempts import Attempt
 from ._core.context import current_context
 from ._core.errors import (
     ConfigurationError,
@@ -79,6 +80,7 @@ __all__ = [
     "Abandon",
     "AsyncRedisStore",
     "AsyncSQLStore",
+    "Attempt",
     "ConfigurationError",
     "ConflictError",
     "DuplicateRejectedError",

@@ -166,6 +166,9 @@ class HandlerFacade:
     def get_record(self, **kw: Any) -> Any:
         return self.loop.run(self.handler.get_record_async(**kw))
 
+    def get_attempts(self, **kw: Any) -> Any:
+        return self.loop.run(self.handler.get_attempts_async(**kw))
+
     def recover_stuck_records(self, *args: Any, **kw: Any) -> int:
         return self.loop.run(self.handler.recover_stuck_records_async(*args, **kw))
 

@@ -221,7 +221,7 @@ def test_outcomes_are_built_only_in_the_core() -> None:
 HANDLER_SURFACE = {
     "run", "run_async", "run_many", "run_many_async",
     "execute", "execute_async", "execute_in_transaction",
-    "get_record", "get_record_async", "retry_count", "retry_count_async",
+    "get_record", "get_record_async", "get_attempts", "get_attempts_async", "retry_count", "retry_count_async",
     "unpoison", "unpoison_async", "resolve", "resolve_async", "recover_stuck_records", "recover_stuck_records_async",
     "cleanup_expired_records", "cleanup_expired_records_async",
     "find_stuck_records", "find_stuck_records_async", "list_records", "list_records_async",

@@ -190,6 +190,7 @@ def test_one_of_concurrent_deliveries_reopens_a_settled_scope(store: Any) -> Non
     for t in threads:
         t.join(budget(30))
     assert sorted(kinds) == ["executed"] + ["in_progress"] * 5
+    assert len(h.get_attempts(**SCOPE)) == 1  # only the delivery that reopened kept the old one
 
 
 # ------------------------------------------------------------------ on_failure

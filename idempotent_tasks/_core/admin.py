@@ -7,6 +7,7 @@ the synchronous driver for ``name(...)`` and by the async one for ``await name_a
 sync (a sync store)             async (any store; no thread hop on an async one)
 ==============================  ======================================
 ``get_record``                  ``get_record_async``
+``get_attempts``                ``get_attempts_async``
 ``recover_stuck_records``       ``recover_stuck_records_async``
 ``cleanup_expired_records``     ``cleanup_expired_records_async``
 ``unpoison``                    ``unpoison_async``
@@ -32,6 +33,7 @@ from ..stores.effects import Resolution
 from ..typing import Seconds, seconds
 from . import maintenance
 from . import store_calls as sc
+from .attempts import Attempt, read_attempts
 from .commands import Command
 from .drivers import drive, drive_async
 from .engine import Engine
@@ -72,6 +74,20 @@ class Maintenance:
     async def get_record_async(self, *, operation: str, tenant: str, key: str) -> Record | None:
         scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
         return await drive_async(self._engine, maintenance.get_record(self._engine, scope))
+
+    def get_attempts(self, *, operation: str, tenant: str, key: str) -> list[Attempt]:
+        """The scope's past attempts, oldest first: the settled attempts (their token,
+        status, time and detail) that ``on_failure="allow_new_attempt"`` or ``reuse_after``
+        replaced with a new one, the last ten of them.  The current attempt is
+        ``get_record``'s; ``[]`` when none was replaced (or the store records no steps)."""
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return self._blocking(read_attempts(self._engine, scope), "get_attempts_async")
+
+    async def get_attempts_async(
+        self, *, operation: str, tenant: str, key: str
+    ) -> list[Attempt]:
+        scope = self._engine.scope(operation=operation, tenant=tenant, key=key)
+        return await drive_async(self._engine, read_attempts(self._engine, scope))
 
     def recover_stuck_records(self, timeout: Seconds | None = None, limit: int = 100) -> int:
         """Handle PROCESSING records whose lease expired (and, with ``timeout``, whose last

@@ -71,27 +71,28 @@ def execute(
             except IdempotencyError as err:
                 return refused(call, err)
             if result.outcome is CREATED:
-                claim = Claim(result.record.fencing_token, 0, counted=False)
+                claimed: Claim | Outcome = Claim(result.record.fencing_token, 0, counted=False)
             else:
                 decided = decide(engine, call, result.record)
                 if type(decided) is Outcome and decided.kind != "poisoned":
                     return decided  # a replay or a refusal: no more I/O
                 claimed = yield from claim_existing(engine, call, result.record, decided)
-                if not isinstance(claimed, Claim):
-                    return claimed
-                claim = claimed
         else:
             claimed = yield from claim_scope(engine, call)
-            if not isinstance(claimed, Claim):
-                return claimed
-            claim = claimed
+        if not isinstance(claimed, Claim):
+            return claimed
+        claim = claimed
     ctx = body_context(engine, call, claim)
     lease = None if engine.heartbeat is None else lease_of(engine, call, claim)
     try:
         value = yield RunBody(fn, (), ctx, lease)
     except BaseException as exc:
-        return (yield from body_failed(engine, call, claim, ctx, exc, permanent))
-    return (yield from complete(engine, call, claim, ctx, value))
+        outcome = yield from body_failed(engine, call, claim, ctx, exc, permanent)
+    else:
+        outcome = yield from complete(engine, call, claim, ctx, value)
+    if call.options.on_in_progress == "wait":  # duplicates may wait for this outcome
+        yield from policies.announce(engine, call)
+    return outcome
 
 
 def run_owned(

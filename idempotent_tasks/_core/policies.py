@@ -10,12 +10,15 @@ policy (per operation)                      a delivery that finds the scope …
                                             new attempt (new fencing token, counter reset)
 ``on_failure="reject"`` (default)           FAILED → ``poisoned``, ``REQUEST_FAILED``
 ``on_failure="allow_new_attempt"``          FAILED → a new attempt (new token, counter
-                                            reset; the poisoned attempt is logged)
+                                            reset; the poisoned attempt is logged and kept
+                                            in the scope's past attempts)
 ==========================================  ==============================================
 
 A new attempt is the store's ``reopen`` (:mod:`idempotent_tasks.stores.reopen`): one atomic
 write conditional on the settled record's fencing token, so of concurrent deliveries exactly
-one starts it and the others see it running.  ``on_in_progress="wait"``: ``wait_for_settled``
+one starts it and the others see it running.  The settled attempt it replaces joins the
+scope's past attempts (:mod:`.attempts`: one read before the reopen, one fenced write after,
+on this path only).  ``on_in_progress="wait"``: ``wait_for_settled``
 (the waiting itself, bounded, in :mod:`.waiting`).
 """
 
@@ -25,6 +28,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+from . import attempts
 from .answers import refused
 from .commands import Command
 from .engine import Call, Claim, Engine
@@ -32,7 +36,7 @@ from .errors import ErrorCode, IdempotencyError
 from .outcome import Outcome
 from .records import Status, StoredRecord
 from .store_calls import Get, Reopen
-from .waiting import Nap
+from .waiting import Announce, Nap
 
 #: The policy options, spelled as ``run``'s keywords and every integration's options
 #: (``reconcile``: the function ``on_stuck="reconcile"`` asks, :mod:`.reconcile`).
@@ -77,8 +81,9 @@ def reopen(
             f"{type(engine.store).__name__} cannot start a new attempt of a settled scope "
             "(reuse_after and on_failure='allow_new_attempt' need a store with reopen)",
         ))
-    now = engine.clock()
     try:
+        past = yield from attempts.before_reopen(engine, call)
+        now = engine.clock()
         token = yield Reopen(
             call.scope, record.fencing_token, now, now + call.options.lease_timeout
         )
@@ -86,6 +91,7 @@ def reopen(
         return refused(call, err)
     if token is None:
         return None
+    yield from attempts.remember(engine, call, token, past, record)
     failed = record.status is Status.FAILED
     log = engine.log.warning if failed else engine.log.info
     log(
@@ -116,7 +122,7 @@ def wait_for_settled(
             left = deadline - time.monotonic()
             if left <= 0:
                 return STILL_RUNNING
-            yield Nap(call.scope, min(nap, left))
+            yield Nap(call.scope, nap, left)
             nap = min(nap * 2, _LONGEST_NAP)
             record: StoredRecord | None = yield Get(call.scope)
             if record is None or record.status is not Status.PROCESSING:
@@ -128,7 +134,16 @@ def wait_for_settled(
         engine.waiters.leave()
 
 
+def announce(engine: Engine, call: Call) -> Generator[Command, Any, None]:
+    """``on_in_progress="wait"``: the attempt's outcome is written; wake the scope's waiters
+    in every process (on a store with a change feed; a failure is logged, not raised)."""
+    failed = yield Announce(call.scope)
+    if failed is not None:
+        engine.log.warning("change_announce_failed", error=type(failed).__name__,
+                           **call.fields())
+
+
 __all__ = [
-    "POLICY_NAMES", "STILL_RUNNING", "given_policies", "rejected", "reopen", "reuse_due",
-    "wait_for_settled",
+    "POLICY_NAMES", "STILL_RUNNING", "announce", "given_policies", "rejected", "reopen",
+    "reuse_due", "wait_for_settled",
 ]

@@ -22,6 +22,9 @@ What is exactly-once and what is not:
 The steps of a scope live beside its retry counter (``stores.effects``): a release keeps
 them, and they go with the counter (expiry, ``unpoison``, a new attempt after a policy's
 ``reopen``).  Bodies that use no step pay nothing: the journal is built on the first call.
+The blob also keeps the library's own parts, under names no step may take (they start with
+NUL): the scope's past attempts (:mod:`.attempts`).  The journal re-saves every part it
+loaded, so recording a step never drops them.
 
 A transactional body (``transactional=True``) cannot use steps: its database writes are
 exactly-once already, and a step recorded outside its transaction could outlive writes the
@@ -46,6 +49,10 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 _LENGTH = struct.Struct(">I")
+#: Names starting with NUL are the library's own parts of the steps blob, never a step's.
+RESERVED = "\x00"
+#: The part that keeps the scope's past attempts (:mod:`.attempts`).
+HISTORY_PART = RESERVED + "attempts"
 
 
 class StepNotRecordable(Poison):
@@ -91,6 +98,8 @@ class StepJournal:
     def _claim_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a step needs a non-empty name")
+        if name.startswith(RESERVED):
+            raise ConfigurationError("step names starting with NUL are reserved")
         if name in self.used:
             raise ConfigurationError(f"step {name!r} ran twice in one body: names are unique")
         self.used.add(name)
@@ -212,6 +221,8 @@ class BodyContext(LazyCountContext):
 
 
 __all__ = [
+    "HISTORY_PART",
+    "RESERVED",
     "BodyContext",
     "StepJournal",
     "StepNotRecordable",

@@ -23,6 +23,7 @@ from .engine import Call, Claim, Engine
 from .errors import ErrorCode, IdempotencyError
 from .flow import Flow, body_context, claim_scope, decide, lease_of
 from .outcome import Outcome, OutcomeKind, refusal_kind
+from .policies import announce
 from .recording import body_failed, is_permanent, poison, unstorable
 from .records import IdempotencyContext
 from .steps import BodyContext
@@ -52,12 +53,15 @@ def run_owned_in_transaction(
         return refused(call, err)
     error: BaseException | None = None
     try:
-        return (yield from _in_transaction(engine, call, claim, tx, fn, permanent))
+        outcome = yield from _in_transaction(engine, call, claim, tx, fn, permanent)
     except BaseException as exc:
         error = exc
         raise
     finally:
         yield TxEnd(cm, error)
+    if call.options.on_in_progress == "wait":  # committed: duplicates may wait for it
+        yield from announce(engine, call)
+    return outcome
 
 
 def _in_transaction(

@@ -6,7 +6,8 @@ against that store: atomic claims under concurrency, monotonic fencing, writes c
 (PROCESSING, token), counters that outlive records, expiry, batches, recovery and cleanup,
 named leases, the operators' calls, the optional ``reopen`` primitive
 (:mod:`idempotent_tasks.stores.reopen`) and the optional recorded steps and UNCERTAIN status
-(:mod:`idempotent_tasks.stores.effects`); optional rules are skipped on a store without them.  A
+(:mod:`idempotent_tasks.stores.effects`) and the optional change feed
+(:mod:`idempotent_tasks.stores.changes`); optional rules are skipped on a store without them.  A
 store that breaks a rule fails at least one test.
 
 * A sync store: a fixture ``store`` (on the class, in the module or in a ``conftest.py``)
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from ._changes import ChangeFeedRules
 from ._effects import StepRules, UncertainRules
 from ._face import BlockingStore, blocking
 from ._fencing import FencingRules, RaceRules
@@ -46,7 +48,7 @@ _ASYNC_FACE = pytest.fixture(name="store")(_blocking_store)
 
 
 class StoreContract(HotPathRules, FencingRules, RaceRules, BatchRules, MaintenanceRules,
-                    AdminRules, ReopenRules, StepRules, UncertainRules):
+                    AdminRules, ReopenRules, StepRules, UncertainRules, ChangeFeedRules):
     """The store contract, one test per rule; see the module docstring.
 
     ::

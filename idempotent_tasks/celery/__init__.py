@@ -10,6 +10,11 @@ def charge(order_id: int, amount: int) -> dict: ...
 
 charge.apply_async((42, 100), idempotency_key="6f1c…", tenant="acme")
 enqueue_unique(report, (7,), key="report-7", tenant="acme")  # not while one is pending
+
+@idempotent_task(unique=True, key=lambda account: "report", tenant=lambda account: account)
+def build_report(account: str) -> None: ...
+
+build_report.delay("acme")                             # nothing new while one is pending
 ```
 
 Guarantees (docs/guarantees.md): duplicate deliveries of a scope whose record exists never run
@@ -62,6 +67,9 @@ def idempotent_task(
     on_failure: OnFailure | None = None,
     reconcile: Reconcile | None = None,
     transactional: bool = False,
+    unique: bool = False,
+    unique_until: str = "start",
+    unique_lease_timeout: Seconds | None = None,
     base: type[IdempotentTask] = IdempotentTask,
     **options: Any,
 ) -> Any:
@@ -77,7 +85,10 @@ def idempotent_task(
     ``on_failure``, and ``reconcile``: what ``on_stuck="reconcile"`` asks before a takeover)
     become the task's attributes; ``on_success`` / ``on_failure`` are stored
     as ``idempotency_on_success`` / ``idempotency_on_failure`` (Celery's own ``on_success`` /
-    ``on_failure`` are handler methods, which stay untouched).
+    ``on_failure`` are handler methods, which stay untouched).  ``unique=True`` makes
+    ``delay`` / ``apply_async`` publish only while no message of the task's scope is pending
+    (``enqueue_unique``'s mark, held until ``unique_until``, for at most
+    ``unique_lease_timeout`` seconds); ``apply_async(unique=False)`` opts one call out.
     """
     if not (isinstance(base, type) and issubclass(base, IdempotentTask)):
         raise ConfigurationError("idempotent_task(base=...) must be an IdempotentTask subclass")
@@ -92,7 +103,8 @@ def idempotent_task(
         idempotency_on_success=None if callable(on_success) else on_success,
         reuse_after=reuse_after,
         idempotency_on_failure=None if callable(on_failure) else on_failure,
-        reconcile=reconcile,
+        reconcile=reconcile, unique=unique, unique_until=unique_until,
+        unique_lease_timeout=unique_lease_timeout,
     )
     return shared_task(*args, **options)
 

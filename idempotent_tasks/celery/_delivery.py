@@ -72,6 +72,25 @@ def _from_function(
         raise InvalidInputError(message, code=code) from exc
 
 
+def scope_of(
+    task: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    read: Callable[[str], str | None],
+    default_tenant: str | None,
+) -> tuple[Any, Any]:
+    """(key, tenant) of a message whose headers ``read`` returns: the headers, else the task's
+    ``key=`` / ``tenant=`` functions, else (tenant only) ``default_tenant``.  The producer
+    (``unique=True``) and the worker resolve through it, so both name the same scope."""
+    key = read(KEY_HEADER) or _from_function(task.key, args, kwargs, ErrorCode.INVALID_KEY)
+    tenant = (
+        read(TENANT_HEADER)
+        or _from_function(task.tenant, args, kwargs, ErrorCode.INVALID_TENANT)
+        or default_tenant
+    )
+    return key, tenant
+
+
 def resolve(
     task: Any,
     args: tuple[Any, ...],
@@ -82,16 +101,10 @@ def resolve(
     """The delivery's scope (module docstring); a failing key/tenant/payload function is
     invalid input (``InvalidInputError`` with the matching code)."""
     request = task.request
-    key = header(request, KEY_HEADER) or _from_function(
-        task.key, args, kwargs, ErrorCode.INVALID_KEY
-    )
+    key, tenant = scope_of(task, args, kwargs, lambda name: header(request, name),
+                           default_tenant)
     if key is None and not task.require_key:
         key = request.id
-    tenant = (
-        header(request, TENANT_HEADER)
-        or _from_function(task.tenant, args, kwargs, ErrorCode.INVALID_TENANT)
-        or default_tenant
-    )
     if task.payload is not None:
         payload = _from_function(task.payload, args, kwargs, ErrorCode.INVALID_PAYLOAD)
     else:
@@ -99,4 +112,6 @@ def resolve(
     return Delivery(task, args, kwargs, handler, tenant, key, payload)
 
 
-__all__ = ["KEY_HEADER", "TENANT_HEADER", "Delivery", "RetryRequested", "header", "resolve"]
+__all__ = [
+    "KEY_HEADER", "TENANT_HEADER", "Delivery", "RetryRequested", "header", "resolve", "scope_of",
+]

@@ -24,13 +24,15 @@ from celery.exceptions import Ignore, Reject
 
 from .._core import tracing
 from .._core.context import current_context
-from .._core.errors import IdempotencyError
+from .._core.errors import ConfigurationError, IdempotencyError
 from .._core.policies import POLICY_NAMES
+from .._core.unique import unique_until as checked_until
 from ..typing import OnFailure, OnInProgress, OnSuccess, Permanent, Reconcile, Seconds
 from . import _outcomes
 from ._delivery import KEY_HEADER, TENANT_HEADER, Delivery, RetryRequested, resolve
 from ._state import ATTRIBUTE, CeleryState, state_for
 from ._tracing import delivery_attributes
+from ._unique import apply_unique
 
 _FUNCTION_OPTIONS = ("key", "tenant", "payload", "permanent", "reconcile")
 _IN_BODY = "_idempotency_in_body"
@@ -84,6 +86,13 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
     idempotency_on_failure: OnFailure | None = None
     #: ``on_stuck="reconcile"``: ``reconcile(ctx) -> Reconciled``, asked before a takeover.
     reconcile: Reconcile | None = None
+    #: ``apply_async`` / ``delay`` publish only while no message of the task's scope is
+    #: pending (``enqueue_unique``; ``unique=`` per call wins).  ``unique_until`` says when
+    #: the mark goes: ``"start"`` or ``"finish"``; ``unique_lease_timeout`` how long a mark
+    #: nobody releases lasts (``None``: the operation's ``lease_timeout``).
+    unique: bool = False
+    unique_until: str = "start"
+    unique_lease_timeout: Seconds | None = None
 
     # Crash safety (docs/guarantees.md): a killed worker's message is redelivered, not lost.
     acks_late = True
@@ -105,6 +114,8 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
                 if f"idempotency_{name}" not in cls.__dict__:
                     setattr(cls, f"idempotency_{name}", value)
                 delattr(cls, name)
+        if "unique_until" in cls.__dict__:
+            checked_until(cls.unique_until)  # a typo fails at declaration, not at a publish
         own_max = cls.__dict__.get("max_retries")
         if own_max is not None:
             if "idempotency_max_retries" not in cls.__dict__:
@@ -130,13 +141,39 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
         *,
         idempotency_key: str | None = None,
         tenant: str | None = None,
+        unique: bool | None = None,
+        unique_until: str | None = None,
+        unique_lease_timeout: Seconds | None = None,
         **options: Any,
     ) -> Any:
-        """``apply_async`` plus ``idempotency_key=`` and ``tenant=``, sent as message headers."""
+        """``apply_async`` plus ``idempotency_key=`` and ``tenant=``, sent as message headers.
+
+        ``unique=True`` (or the task's ``unique``) publishes as ``enqueue_unique`` does, in the
+        task's own scope: when a message of it is pending, nothing is published and its
+        ``AsyncResult`` is returned.  Celery's own publishes — a retry, a canvas member, a
+        link callback — name their ``task_id`` or ``parent_id`` and are never held back.
+        """
         _add_headers(options, idempotency_key, tenant)
+        if self._publishes_unique(unique, task_id, options):
+            options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
+            return apply_unique(
+                self, args, kwargs, options,
+                until=self.unique_until if unique_until is None else unique_until,
+                lease_timeout=(self.unique_lease_timeout if unique_lease_timeout is None
+                               else unique_lease_timeout),
+            )
         return super().apply_async(
             args, kwargs, task_id, producer, link, link_error, shadow, **options
         )
+
+    def _publishes_unique(
+        self, unique: bool | None, task_id: str | None, options: dict[str, Any]
+    ) -> bool:
+        if unique is None:  # the task's default, for the application's own publishes
+            return self.unique and task_id is None and options.get("parent_id") is None
+        if unique and task_id is not None:
+            raise ConfigurationError("unique=True derives the task id from the mark: no task_id=")
+        return unique
 
     def apply(
         self,

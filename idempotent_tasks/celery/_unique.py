@@ -7,10 +7,15 @@ or from ``task_postrun`` once the task ended with a final state (``"finish"``: S
 FAILURE, a rejection without requeue; never RETRY nor a requeued rejection).  Signals reach
 every task of the app, not only ``IdempotentTask``s, and never change what the task does: a
 retry is never blocked by its own mark.
+
+``IdempotentTask``'s ``unique=True`` option (:func:`apply_unique`) is ``enqueue_unique`` behind
+``apply_async``/``delay``, with the scope the worker will resolve: the mark's key *is* the
+task's idempotency key.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from celery import signals
@@ -21,7 +26,7 @@ from .._core.unique import MARK_HEADER, UniqueMark, UniqueUntil
 from .._core.unique import unique_until as checked_until
 from ..enqueue import publish_unique, release_carried
 from ..typing import Seconds
-from ._delivery import header
+from ._delivery import header, scope_of
 from ._state import ATTRIBUTE, CeleryState, state_for
 
 #: Celery states after which a task runs no more (not ``RETRY``; ``REJECTED`` only without
@@ -70,6 +75,38 @@ def enqueue_unique(
                           lease_timeout=lease_timeout, publish=publish, pending=pending)
 
 
+def apply_unique(
+    task: Any,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    *,
+    until: str,
+    lease_timeout: Seconds | None,
+) -> AsyncResult:
+    """``enqueue_unique`` for a task's ``unique=True`` publish: the scope is the one the worker
+    resolves for the message (the ``idempotency_key`` / ``idempotency_tenant`` headers, else
+    the task's ``key=`` / ``tenant=`` functions of the arguments, else ``setup``'s
+    ``default_tenant``).  Without a key or a tenant there is no scope to be unique in:
+    CONFIGURATION_ERROR, nothing published."""
+    args, kwargs = tuple(args or ()), dict(kwargs or {})
+    sent = SimpleNamespace(headers=options.get("headers") or {})
+    key, tenant = scope_of(task, args, kwargs, lambda name: header(sent, name),
+                           state_for(task.app).default_tenant)
+    if key is None:
+        raise ConfigurationError(
+            f"{task.name}: unique=True needs the task's idempotency key: pass "
+            "idempotency_key= or give the task a key= function of its arguments"
+        )
+    if tenant is None:
+        raise ConfigurationError(
+            f"{task.name}: unique=True needs a tenant: pass tenant=, give the task a tenant= "
+            "function, or setup(app, handler, default_tenant=...)"
+        )
+    return enqueue_unique(task, args, kwargs, key=key, tenant=tenant, unique_until=until,
+                          lease_timeout=lease_timeout, **options)
+
+
 def connect_release_signals() -> None:
     """Once per process (idempotent): the worker's side of every app ``setup`` was called
     for."""
@@ -96,4 +133,4 @@ def _release(task: Any, moment: UniqueUntil) -> None:
         release_carried(state.handler, carried, moment)
 
 
-__all__ = ["connect_release_signals", "enqueue_unique"]
+__all__ = ["apply_unique", "connect_release_signals", "enqueue_unique"]

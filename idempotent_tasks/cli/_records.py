@@ -12,7 +12,15 @@ from .._core.errors import ErrorCode
 from .._core.handler import IdempotencyHandler
 from .._core.records import Record, Status
 from ._app import CliError, CliState, make_console, pass_state
-from ._render import echo_json, listed_document, record_document, record_table, records_table
+from ._render import (
+    echo_json,
+    inspected_document,
+    inspected_tables,
+    listed_document,
+    record_document,
+    record_table,
+    records_table,
+)
 
 _STATUSES = [s.value for s in Status]
 
@@ -39,18 +47,22 @@ def _load(handler: IdempotencyHandler, tenant: str, operation: str, key: str) ->
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_state
 def inspect(state: CliState, tenant: str, operation: str, key: str, as_json: bool) -> None:
-    """Show one scope's record: status, retry counter, result, lease and timestamps.
+    """Show one scope's record: status, retry counter, result, lease and timestamps, and
+    its past attempts (the settled attempts a new attempt replaced, oldest first).
 
     Exit 3 (RECORD_NOT_FOUND) when the scope has no live record.
     """
     handler = state.handler()
     record = _load(handler, tenant, operation, key)
+    attempts = handler.get_attempts(operation=operation, tenant=tenant, key=key)
     now = handler.clock()
-    doc = record_document(record, now)
+    doc = inspected_document(record, attempts, now)
     if as_json:
         echo_json(doc)
-    else:
-        make_console().print(record_table(doc, now, f"{record.status.value} record"))
+        return
+    console = make_console()
+    for table in inspected_tables(doc, now):
+        console.print(table)
 
 
 @click.command(name="list")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .._core.attempts import Attempt
 from .._core.records import Record, Status
 
 _TIMESTAMPS = ("created_at", "updated_at", "lease_expires_at", "expires_at")
@@ -90,6 +91,46 @@ def record_document(record: Record, now: float) -> dict[str, Any]:
     if record.detail is not None:  # UNCERTAIN: why reconciliation could not tell
         doc["detail"] = record.detail
     return with_iso(doc)
+
+
+def attempt_document(attempt: Attempt) -> dict[str, Any]:
+    """One past attempt of a scope (``inspect``'s ``attempts``)."""
+    return {
+        "fencing_token": attempt.fencing_token,
+        "status": attempt.status.value,
+        "settled_at": attempt.settled_at,
+        "settled_at_iso": iso(attempt.settled_at),
+        "detail": attempt.detail,
+    }
+
+
+def attempts_table(docs: Iterable[Mapping[str, Any]], now: float) -> Table:
+    """The past attempts a reuse policy replaced, oldest first, one per row."""
+    table = Table(title="past attempts", title_justify="left")
+    for name in ("fencing_token", "status", "settled", "detail"):
+        table.add_column(name, overflow="fold")
+    for doc in docs:
+        settled = f"{doc['settled_at_iso']} ({ago(doc['settled_at'], now)})"
+        detail = "-" if doc["detail"] is None else str(doc["detail"])
+        table.add_row(*(escape(str(cell)) for cell in (
+            doc["fencing_token"], doc["status"], settled, detail
+        )))
+    return table
+
+
+def inspected_document(record: Record, attempts: Iterable[Attempt], now: float) -> dict[str, Any]:
+    """``inspect --json``: the record's document and its past attempts (``attempts``)."""
+    doc = record_document(record, now)
+    doc["attempts"] = [attempt_document(a) for a in attempts]
+    return doc
+
+
+def inspected_tables(doc: Mapping[str, Any], now: float) -> list[Table]:
+    """``inspect``'s tables: the record, then its past attempts when it has any."""
+    tables = [record_table(doc, now, f"{doc['status']} record")]
+    if doc["attempts"]:
+        tables.append(attempts_table(doc["attempts"], now))
+    return tables
 
 
 def listed_document(record: Record, now: float) -> dict[str, Any]:

@@ -104,7 +104,10 @@ class IdempotentConsumer:
             "wait_timeout": wait_timeout, "on_success": on_success, "reuse_after": reuse_after,
             "on_failure": on_failure, "reconcile": reconcile,
         }
-        if any(o is not None for o in self._options.values()):
+        #: The options given, for ``process_batch``'s calls (an unset option is not passed:
+        #: each call's mapping is built per message, so it carries only what it needs).
+        self._given = {k: v for k, v in self._options.items() if v is not None}
+        if self._given:
             # recovery and cleanup (maintenance threads, the CLI) use the same settings
             handler.register_operation(operation, **self._options)
         self.resolver = Resolver(
@@ -135,7 +138,7 @@ class IdempotentConsumer:
         resolved = [self._resolve(m) for m in messages]
         calls = [
             {"operation": self.operation, "tenant": r.tenant, "key": r.key,
-             "payload": r.payload, "require_key": self.require_key, **self._options}
+             "payload": r.payload, "require_key": self.require_key, **self._given}
             for r in resolved if not isinstance(r, Outcome)
         ]
         if tracing.enabled():  # each message's span gets its own attributes

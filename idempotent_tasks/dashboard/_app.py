@@ -155,6 +155,7 @@ class Dashboard:
                                       tenant=tenant, key=key)
             count = 0 if record is not None else await _data.call(
                 self.handler, "retry_count", operation=operation, tenant=tenant, key=key)
+            attempts = await _data.past_attempts(self.handler, scope)
         except IdempotencyError as err:
             raise _Refusal(_status_of(err, 503), str(err.message)) from err
         query = request.query_params
@@ -166,7 +167,7 @@ class Dashboard:
             title=f"{tenant} / {operation} / {key}", scope=scope, record=shown,
             retry_count=count, path=_data.record_path(scope), confirm=query.get("confirm"),
             done=done, actions=self.actions.of(scope), outcomes=RESOLVE_OUTCOMES,
-            audit=await _data.audit_entries(self.handler, scope),
+            audit=await _data.audit_entries(self.handler, scope), attempts=attempts,
             can_resolve=callable(getattr(self.handler, "resolve", None)),
         )
 

@@ -1,9 +1,10 @@
 """What the pages show, read through the handler's public operator calls.
 
 Every read and every action goes through the handler (``list_records``, ``record_counts``,
-``find_stuck_records``, ``get_record``, ``unpoison``, ``resolve``): the dashboard never talks
-to the store itself, so it sees exactly what the CLI and the workers see.  On a sync store the
-calls are their ``*_async`` twins, so no store call runs on the event loop.
+``find_stuck_records``, ``get_record``, ``get_attempts``, ``unpoison``, ``resolve``): the
+dashboard never talks to the store itself, so it sees exactly what the CLI and the workers
+see.  On a sync store the calls are their ``*_async`` twins, so no store call runs on the
+event loop.
 """
 
 from __future__ import annotations
@@ -163,6 +164,20 @@ async def audit_entries(handler: IdempotencyHandler, scope: tuple[str, str, str]
     return list(entries)
 
 
+async def past_attempts(
+    handler: IdempotencyHandler, scope: tuple[str, str, str]
+) -> list[dict[str, Any]]:
+    """The settled attempts a new attempt of the scope replaced (``get_attempts``), oldest
+    first, as the record page shows them."""
+    tenant, operation, key = scope
+    attempts = await call(handler, "get_attempts", operation=operation, tenant=tenant, key=key)
+    return [
+        {"fencing_token": a.fencing_token, "status": a.status.value,
+         "settled_at": when(a.settled_at), "detail": a.detail}
+        for a in attempts
+    ]
+
+
 __all__ = [
     "PAGE_SIZE",
     "Action",
@@ -172,6 +187,7 @@ __all__ = [
     "call",
     "detail",
     "lease_state",
+    "past_attempts",
     "record_path",
     "row",
     "statuses",

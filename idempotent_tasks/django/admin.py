@@ -5,7 +5,8 @@ and "resolve" actions.
   store's own order);
 * detail: every field, the timestamps as UTC dates, the retry counter (kept apart from the
   record, read through the handler) and the stored response decoded (an HTTP response shows
-  its status, headers and body);
+  its status, headers and body), and the scope's past attempts (``handler.get_attempts``:
+  the settled attempts ``on_failure="allow_new_attempt"`` or ``reuse_after`` replaced);
 * "Unpoison": for each selected FAILED record, ``handler.unpoison(actor="django-admin:<user>")``
   — the record is deleted and its counter reset, with the same audit log entry
   (``unpoisoned``) as ``idempotent-tasks unpoison``; other statuses are left alone.  It needs
@@ -36,7 +37,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db import transaction
 from django.template.response import TemplateResponse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .._core.errors import IdempotencyError, RecordNotFoundError
 from .._core.records import Status
@@ -107,6 +108,7 @@ class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]
     fields = (
         "tenant", "operation", "key", "status", "retry_count", "fencing_token",
         "request_hash", "created", "updated", "lease_expires", "expires", "response_decoded",
+        "past_attempts",
     )
     readonly_fields = fields
 
@@ -164,6 +166,23 @@ class RecordAdmin(admin.ModelAdmin):  # type: ignore[misc]
             detail = bytes(obj.response or b"").decode("utf-8", "replace")
             return format_html("<pre>uncertain, no result yet: {}</pre>", detail)
         return format_html("<pre>{}</pre>", decoded_response(obj.response))
+
+    @_display(description="past attempts")
+    def past_attempts(self, obj: Any) -> Any:
+        """The settled attempts a new attempt replaced, oldest first ("—" when none)."""
+        handler = _settings.get_handler()
+        attempts = handler.get_attempts(operation=obj.operation, tenant=obj.tenant, key=obj.key)
+        if not attempts:
+            return "—"
+        rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+            (a.fencing_token, a.status.value, _when(a.settled_at),
+             "—" if a.detail is None else a.detail)
+            for a in attempts
+        ))
+        return format_html(
+            "<table><thead><tr><th>fencing token</th><th>status</th><th>settled (UTC)</th>"
+            "<th>detail</th></tr></thead><tbody>{}</tbody></table>", rows,
+        )
 
     # -- the audited actions ----------------------------------------------------------------
     @_action(description="Unpoison the selected FAILED records", permissions=["unpoison"])

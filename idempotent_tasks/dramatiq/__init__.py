@@ -10,6 +10,11 @@
     charge.send_with_options(args=("o-1", 100), idempotency_key=key, tenant="acme")
     enqueue_unique(report, 7, key="report-7", tenant="acme")  # not while one is pending
 
+    @idempotent_actor(unique=True, key=lambda account: f"report-{account}", tenant="acme")
+    def build_report(account: str) -> None: ...
+
+    build_report.send("globex")                  # nothing new while one is pending
+
 How it works, and why this shape
 --------------------------------
 The middleware *wraps the actor function* (at declaration, in ``after_declare_actor``) with
@@ -75,7 +80,7 @@ from ._middleware import IdempotencyMiddleware, IdempotencyMiddlewareError
 from ._retry_guard import RetryNotEnqueuedError
 from ._runner import CONTEXT_ATTRIBUTE, IdempotencyRetry
 from ._spec import ACTOR_OPTIONS, KEY_OPTION, TENANT_OPTIONS
-from ._unique import enqueue_unique
+from ._unique import UniqueActor, enqueue_unique
 
 
 @overload
@@ -144,7 +149,8 @@ def idempotent_actor(
     ``max_backoff``, ``time_limit``, ``store_results``, …).  The per-operation policies are
     the actor's (``on_success`` / ``on_failure`` as ``idempotency_on_success`` /
     ``idempotency_on_failure``: Dramatiq's ``Callbacks`` owns the plain names), and so is
-    ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).
+    ``reconcile`` (what ``on_stuck="reconcile"`` asks before a takeover).  The actor is a
+    :class:`UniqueActor` unless ``actor_class=`` is given: ``unique=True`` works as there.
     """
     for name in ("max_retries", "on_success", "on_failure"):
         if f"idempotency_{name}" in actor_options:
@@ -171,7 +177,9 @@ def idempotent_actor(
 def _declare(
     options: dict[str, Any], actor_options: dict[str, Any], func: Callable[..., Any]
 ) -> dramatiq.Actor[Any, Any]:
-    actor: dramatiq.Actor[Any, Any] = dramatiq.actor(func, **options, **actor_options)
+    actor: dramatiq.Actor[Any, Any] = dramatiq.actor(
+        func, **options, **{"actor_class": UniqueActor, **actor_options}
+    )
     return actor
 
 
@@ -204,6 +212,7 @@ __all__ = [
     "IdempotencyMiddlewareError",
     "IdempotencyRetry",
     "RetryNotEnqueuedError",
+    "UniqueActor",
     "current_connection",
     "enqueue_unique",
     "get_context",

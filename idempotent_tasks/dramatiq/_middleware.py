@@ -19,16 +19,22 @@ from ._retry_guard import RetryGuard, enable_publisher_confirms
 from ._runner import MessageRun
 from ._skip_log import install_replay_skip_filter
 from ._spec import ACTOR_OPTIONS, ActorSpec
-from ._unique import UniqueRelease
+from ._unique import UniqueActor, UniqueRelease
 
 _MARKER = "__idempotency_middleware__"
 _FALLBACK_MAX_RETRIES = 20  # Dramatiq's own default, for exceptions we did not decide
+_NOT_UNIQUE = (
+    "{}: unique=True is honoured by send / send_with_options of a UniqueActor "
+    "(dramatiq.actor(actor_class=idempotent_tasks.dramatiq.UniqueActor, ...)); this message "
+    "would be enqueued as if it were not unique"
+)
 
 
 class IdempotencyMiddlewareError(MiddlewareError):
     """A setup problem that must stop the message or the worker (a ``MiddlewareError``,
-    so Dramatiq does not log-and-continue): the broker has no Retries middleware, or an
-    idempotent actor was not wrapped by this middleware."""
+    so Dramatiq does not log-and-continue): the broker has no Retries middleware, an
+    idempotent actor was not wrapped by this middleware, or ``unique=True`` reached an actor or
+    a message that would silently ignore it (not a :class:`UniqueActor`'s ``send``)."""
 
 
 RetryWhen = Callable[[int, BaseException], bool]
@@ -76,6 +82,12 @@ class IdempotencyMiddleware(Middleware):
         return set(ACTOR_OPTIONS)
 
     # ------------------------------------------------------------------ declaration
+    def before_declare_actor(
+        self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]
+    ) -> None:
+        if actor.options.get("unique") and not isinstance(actor, UniqueActor):
+            raise IdempotencyMiddlewareError(_NOT_UNIQUE.format(actor.actor_name))
+
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         if not actor.options.get("idempotent") or getattr(actor.fn, _MARKER, None) is self:
             return
@@ -144,6 +156,8 @@ class IdempotencyMiddleware(Middleware):
         _state.local.message = None
 
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        if message.options.get("unique"):  # sent past UniqueActor.send_with_options
+            raise IdempotencyMiddlewareError(_NOT_UNIQUE.format(message.actor_name))
         self.retry_guard.enqueue_started(message, delay)
 
     def after_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:

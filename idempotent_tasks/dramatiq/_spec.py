@@ -35,7 +35,8 @@ TENANT_OPTIONS = ("tenant", keys.TENANT_OPTION)
 #: failed-attempt count before poisoning (Dramatiq's own ``max_retries`` is a different thing
 #: and never ends an idempotent actor's message first); likewise the ``on_success`` /
 #: ``on_failure`` policies are ``idempotency_on_success`` / ``idempotency_on_failure``
-#: (Dramatiq's ``Callbacks`` middleware owns the plain names: actors to notify).
+#: (Dramatiq's ``Callbacks`` middleware owns the plain names: actors to notify).  ``unique``,
+#: ``unique_until`` and ``unique_lease_timeout`` are :class:`UniqueActor`'s (any actor).
 ACTOR_OPTIONS = frozenset(
     {
         "idempotent",
@@ -56,6 +57,9 @@ ACTOR_OPTIONS = frozenset(
         "require_key",
         "idempotency_max_retries",
         "transactional",
+        "unique",
+        "unique_until",
+        "unique_lease_timeout",
     }
 )
 
@@ -139,7 +143,7 @@ def resolve(
 ) -> Resolved:
     """Key, tenant and payload of one message (see the module docstring for precedence)."""
     return Resolved(
-        tenant=_tenant(spec, options, args, kwargs, default_tenant),
+        tenant=given_tenant(spec, options, args, kwargs, default_tenant),
         key=_key(spec, options, message_id, args, kwargs),
         payload=_payload(spec, args, kwargs),
     )
@@ -152,21 +156,32 @@ def _key(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
 ) -> Any:
-    key = options.get(KEY_OPTION)
-    if key is None and spec.key is not None:
-        key = _call(spec.key, args, kwargs, ErrorCode.INVALID_KEY, "key")
+    key = given_key(spec, options, args, kwargs)
     if key is None and not spec.require_key:
         key = message_id
     return key
 
 
-def _tenant(
+def given_key(
+    spec: ActorSpec, options: Mapping[str, Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """The key the producer or the actor names: the message option, else ``key=`` (no
+    fallback to the message id: a producer asking for ``unique=True`` has none yet)."""
+    key = options.get(KEY_OPTION)
+    if key is None and spec.key is not None:
+        key = _call(spec.key, args, kwargs, ErrorCode.INVALID_KEY, "key")
+    return key
+
+
+def given_tenant(
     spec: ActorSpec,
     options: Mapping[str, Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     default_tenant: str | None,
 ) -> Any:
+    """The message's tenant option, else the actor's ``tenant=`` (a constant or a function of
+    the arguments), else ``default_tenant``."""
     for name in TENANT_OPTIONS:
         if options.get(name) is not None:
             return options[name]

@@ -7,6 +7,7 @@
   takeover and reopen, so tokens grow per scope (and overall) and are never reused.
 * TTL: nothing expires by itself; ``create`` treats ``expires_at <= now`` as absent and
   ``delete_expired`` purges, exactly like the durable stores.
+* Change feed: waiters of a scope are woken in this process (``stores.changes``).
 * URL: ``memory://``.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from ._feed import Waiters, scope_digest
 from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 
 #: What ``reopen`` may give to a new attempt.
@@ -43,6 +45,7 @@ class MemoryStore:
         self._counters: dict[Scope, _Counter] = {}
         self._locks: dict[str, tuple[str, float]] = {}
         self._last_token = 0
+        self._waiters = Waiters()
 
     # -- claims -------------------------------------------------------------------------
     def create(
@@ -378,6 +381,13 @@ class MemoryStore:
             held = self._locks.get(name)
             if held is not None and held[0] == owner:
                 del self._locks[name]
+
+    # -- change feed (``stores.changes``): in-process waiters ------------------------------
+    def announce_change(self, scope: Scope) -> None:
+        self._waiters.wake(scope_digest(scope))
+
+    def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
+        return self._waiters.wait(scope_digest(scope), timeout)
 
     def create_schema(self) -> None:
         """Nothing to create."""

@@ -22,44 +22,20 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 from kombu.exceptions import OperationalError
 
-from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
+from idempotent_tasks import ConfigurationError, IdempotencyHandler
 from idempotent_tasks.celery import enqueue_unique, setup
 from idempotent_tasks.enqueue import UniqueMark
 from tests._race import at_once
-from tests._services import REDIS_URL, require
 from tests._silent_broker import kill_at_its_mark
 
-from .conftest import RESULT_TIMEOUT, Counter, key, new_app, running_worker, wait_for
-
-TENANT = "acme"
+from ._unique_env import TENANT, UniqueEnv, running_env
+from .conftest import RESULT_TIMEOUT, key, wait_for
 
 
 @dataclass
-class Env:
-    app: Celery
-    handler: IdempotencyHandler
-    prefix: str
-    tasks: dict[str, Any] = field(default_factory=dict)
-    runs: Counter = field(default_factory=Counter)
-    started: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-    gates: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
+class Env(UniqueEnv):
     retried: defaultdict[str, threading.Event] = field(
         default_factory=lambda: defaultdict(threading.Event))
-
-    def mark(self, task: Any, k: str) -> Record | None:
-        return self.handler.get_record(operation=f"enqueue:{task.name}", tenant=TENANT, key=k)
-
-    def queued(self, queue: str) -> int:
-        """Messages the broker holds in ``queue`` (declared here if missing)."""
-        with self.app.connection_for_write() as conn:
-            declared = conn.default_channel.queue_declare(queue, durable=True, auto_delete=False)
-            return int(declared.message_count)
-
-    def drop(self, queue: str) -> None:
-        with self.app.connection_for_write() as conn:
-            conn.default_channel.queue_delete(queue)
 
     def hold_worker(self) -> str:
         """Occupy the worker's one thread until the returned gate opens."""
@@ -68,15 +44,27 @@ class Env:
         assert self.started[blocker].wait(RESULT_TIMEOUT)
         return blocker
 
+    def on_postrun(
+        self, task: Any = None, state: str | None = None, args: Any = (), **_: Any
+    ) -> None:
+        # connected after setup's receiver: once this runs, the mark saw this state too
+        if (getattr(task, "name", None), state) in (
+            ("t.unique_retrying", "RETRY"), ("t.unique_requeued", "REJECTED")
+        ):
+            self.retried[args[0]].set()
+
 
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
-    require("redis")
-    app = new_app("unique", broker_transport_options={"confirm_publish": True})
-    prefix = f"it_{uuid.uuid4().hex[:10]}"
-    store = RedisStore(REDIS_URL, prefix=prefix)
-    handler = IdempotencyHandler(store, metrics=None, lease_timeout=30)
-    setup(app, handler, beat=False)
+    with running_env("unique", _declare) as e:
+        signals.task_postrun.connect(e.on_postrun, weak=False)
+        try:
+            yield e
+        finally:
+            signals.task_postrun.disconnect(e.on_postrun)
+
+
+def _declare(app: Celery, handler: IdempotencyHandler, prefix: str) -> Env:
     e = Env(app, handler, prefix)
 
     @app.task(name="t.unique_slow", shared=False)  # a plain task: the marks need no base
@@ -95,13 +83,6 @@ def env() -> Iterator[Env]:
         assert e.gates[k].wait(RESULT_TIMEOUT)
         return k
 
-    def on_postrun(task: Any = None, state: str | None = None, args: Any = (), **_: Any) -> None:
-        # connected after setup's receiver: once this runs, the mark saw this state too
-        if (getattr(task, "name", None), state) in (
-            (retrying.name, "RETRY"), (requeued.name, "REJECTED")
-        ):
-            e.retried[args[0]].set()
-
     @app.task(name="t.unique_requeued", bind=True, shared=False, acks_late=True)
     def requeued(self: Any, k: str) -> str:
         e.runs.hit(k)
@@ -112,16 +93,7 @@ def env() -> Iterator[Env]:
         return k
 
     e.tasks.update(slow=slow, retrying=retrying, requeued=requeued)
-    signals.task_postrun.connect(on_postrun, weak=False)
-    try:
-        with running_worker(app, concurrency=1):
-            yield e
-    finally:
-        signals.task_postrun.disconnect(on_postrun)
-        for gate in e.gates.values():
-            gate.set()
-        store.drop_schema()
-        store.close()
+    return e
 
 
 def test_a_hundred_producers_publish_one_message(env: Env) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from idempotent_tasks import Status
+from idempotent_tasks import Poison, Status
 from idempotent_tasks._core.records import Scope
 from idempotent_tasks.cli import (
     EXIT_CONFIGURATION,
@@ -98,6 +98,32 @@ def test_inspect_missing_scope_exits_record_not_found_and_tells_the_counter(
 
 def test_inspect_expired_record_counts_as_absent(seeded: Seeded) -> None:
     assert seeded.run("inspect", TENANT, OP, "k-expired").exit_code == EXIT_RECORD_NOT_FOUND
+
+
+def test_inspect_shows_the_past_attempts_a_new_attempt_replaced(seeded: Seeded) -> None:
+    h = seeded.handler()
+    scope = {"operation": OP, "tenant": TENANT, "key": "k-retried"}
+    poisoned = h.run(_poison("card declined"), on_failure="allow_new_attempt", **scope)
+    assert h.run(lambda: "paid", on_failure="allow_new_attempt", **scope).kind == "executed"
+    doc = _json(seeded.run("inspect", TENANT, OP, "k-retried", "--json"))
+    (attempt,) = doc["attempts"]
+    assert (attempt["fencing_token"], attempt["status"], attempt["detail"]) == (
+        poisoned.fencing_token, "FAILED", '"card declined"'
+    )
+    assert attempt["settled_at_iso"].endswith("+00:00")
+    table = seeded.run("inspect", TENANT, OP, "k-retried")
+    assert table.exit_code == 0, table.output
+    assert "past attempts" in table.stdout and '"card declined"' in table.stdout
+    plain = seeded.run("inspect", TENANT, OP, "k-success")
+    assert "past attempts" not in plain.stdout
+    assert _json(seeded.run("inspect", TENANT, OP, "k-success", "--json"))["attempts"] == []
+
+
+def _poison(kept: str):  # type: ignore[no-untyped-def]
+    def body() -> None:
+        raise Poison(result=kept)
+
+    return body
 
 
 def test_invalid_key_is_a_usage_error(seeded: Seeded) -> None:

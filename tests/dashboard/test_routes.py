@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
-from idempotent_tasks import IdempotencyHandler, Status
+from idempotent_tasks import IdempotencyHandler, Poison, Status
 from idempotent_tasks.dashboard import TOKEN_ENV, create_app
 
 from .conftest import TOKEN, Population, csrf_of, park_uncertain
@@ -99,6 +99,30 @@ def test_parts_with_slashes_and_spaces_round_trip(client: TestClient,
     assert "/" in population.poisoned[2]
     page = client.get(path_of(population.poisoned))
     assert page.status_code == 200 and "FAILED" in page.text
+
+
+def test_record_page_shows_the_past_attempts(
+    client: TestClient, handler: IdempotencyHandler, population: Population
+) -> None:
+    tenant, operation, key = population.poisoned
+    assert "Past attempts" not in client.get(path_of(population.poisoned)).text
+    poisoned = handler.get_record(operation=operation, tenant=tenant, key=key)
+    assert poisoned is not None
+
+    def declined_again() -> None:
+        raise Poison(result="<b>declined</b>")
+
+    handler.run(declined_again, operation=operation, tenant=tenant, key=key,
+                on_failure="allow_new_attempt")
+    page = client.get(path_of(population.poisoned))
+    assert page.status_code == 200 and "Past attempts" in page.text
+    assert f"<td>{poisoned.fencing_token}</td>" in page.text
+    assert "Unpoison" in page.text  # the new attempt is poisoned too
+    handler.run(lambda: "paid", operation=operation, tenant=tenant, key=key,
+                on_failure="allow_new_attempt")
+    page = client.get(path_of(population.poisoned))
+    assert page.text.count('<span class="status status-FAILED">FAILED</span>') == 2
+    assert "&#34;&lt;b&gt;declined&lt;/b&gt;&#34;" in page.text  # the detail, escaped
 
 
 def test_a_scope_without_a_record_is_404_with_its_counter(client: TestClient) -> None:

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
-from idempotent_tasks import ErrorCode, IdempotencyHandler, Reconciled, Status
+from idempotent_tasks import ErrorCode, IdempotencyHandler, Poison, Reconciled, Status
 from idempotent_tasks.django import _settings, get_handler
 from idempotent_tasks.django.models import IdempotencyRecord
 from idempotent_tasks.testing import FakeClock, simulate_crash
@@ -86,6 +86,26 @@ def test_the_detail_is_read_only_and_decodes_the_response(records: IdempotencyHa
     assert client.get(f"{LIST}add/").status_code == 403
     assert client.post(f"{LIST}{row.pk}/delete/", {"post": "yes"}).status_code == 403
     assert IdempotencyRecord.objects.filter(key="key-success").exists()
+
+
+def test_the_detail_shows_the_past_attempts(records: IdempotencyHandler) -> None:
+    client = superuser()
+    scope = {"operation": "orders.charge", "tenant": "acme", "key": "key-failed"}
+    row = IdempotencyRecord.objects.get(key="key-failed")
+    assert "fencing token</th>" not in client.get(f"{LIST}{row.pk}/change/").content.decode()
+    poisoned = records.get_record(**scope)
+    assert poisoned is not None
+
+    def declined_again() -> None:
+        raise Poison(result="<b>still declined</b>")
+
+    records.run(declined_again, on_failure="allow_new_attempt", **scope)
+    assert records.run(lambda: 1, on_failure="allow_new_attempt", **scope).kind == "executed"
+    row = IdempotencyRecord.objects.get(key="key-failed")  # the new attempt's row
+    html = client.get(f"{LIST}{row.pk}/change/").content.decode()
+    assert "fencing token</th>" in html
+    assert f"<td>{poisoned.fencing_token}</td><td>FAILED</td>" in html
+    assert "&lt;b&gt;still declined&lt;/b&gt;" in html and "<b>still" not in html
 
 
 def test_unpoison_deletes_the_failed_record_audited_and_skips_the_rest(

@@ -49,6 +49,19 @@ def test_inspect_shows_a_record_and_exits_3_without_one(alias: str) -> None:
     assert invalid.value.returncode == EXIT_USAGE
 
 
+def test_inspect_shows_the_past_attempts(alias: str) -> None:
+    handler = poisoned("k-again")
+    failed = handler.get_record(operation="pay", tenant="acme", key="k-again")
+    assert failed is not None
+    handler.run(lambda: 2, operation="pay", tenant="acme", key="k-again",
+                on_failure="allow_new_attempt")
+    doc = json.loads(run("idempotency_inspect", "acme", "pay", "k-again", "--json"))
+    assert [(a["fencing_token"], a["status"]) for a in doc["attempts"]] == [
+        (failed.fencing_token, "FAILED")
+    ]
+    assert "past attempts" in run("idempotency_inspect", "acme", "pay", "k-again")
+
+
 def test_unpoison_deletes_resets_and_audits(alias: str, caplog: pytest.LogCaptureFixture) -> None:
     handler = poisoned("k2")
     with caplog.at_level(logging.WARNING, logger="idempotent_tasks"):

@@ -7,7 +7,6 @@ stays pending (not started) until the test lets it go, and each body waits on it
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -20,16 +19,14 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
-from idempotent_tasks import ConfigurationError, IdempotencyHandler, Record, RedisStore
-from idempotent_tasks.dramatiq import IdempotencyMiddleware, enqueue_unique
+from idempotent_tasks import ConfigurationError, IdempotencyHandler
+from idempotent_tasks.dramatiq import enqueue_unique
 from idempotent_tasks.enqueue import UniqueMark
 from tests._race import at_once
-from tests._services import REDIS_URL, private_vhost, require
 from tests._silent_broker import kill_at_its_mark
-from tests._wait import budget, wait_until
+from tests._wait import budget
 
-TENANT = "acme"
-WAIT = 20.0
+from ._unique_env import TENANT, WAIT, UniqueEnv, key, running_env, wait_for
 
 
 class Settled(Middleware):
@@ -51,21 +48,8 @@ class Settled(Middleware):
 
 
 @dataclass
-class Env:
-    broker: RabbitmqBroker
-    handler: IdempotencyHandler
-    prefix: str
-    settled: Settled
-    actors: dict[str, Any] = field(default_factory=dict)
-    runs: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
-    started: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-    gates: defaultdict[str, threading.Event] = field(
-        default_factory=lambda: defaultdict(threading.Event))
-
-    def mark(self, actor: Any, k: str) -> Record | None:
-        return self.handler.get_record(operation=f"enqueue:{actor.actor_name}", tenant=TENANT,
-                                       key=k)
+class Env(UniqueEnv):
+    settled: Settled = field(default_factory=Settled)
 
     def hold_worker(self) -> str:
         blocker = key()
@@ -74,47 +58,18 @@ class Env:
         return blocker
 
 
-def key() -> str:
-    return f"k-{uuid.uuid4()}"
-
-
-def wait_for(condition: Any, what: str) -> None:
-    wait_until(condition, what, WAIT, poll=0.01)
-
-
 @pytest.fixture(scope="module")
 def env() -> Iterator[Env]:
-    require("redis")
-    with private_vhost("dramatiq_unique") as url:
-        broker = RabbitmqBroker(url=url, confirm_delivery=True)
-        prefix = f"it_{uuid.uuid4().hex[:10]}"
-        store = RedisStore(REDIS_URL, prefix=prefix)
-        handler = IdempotencyHandler(store, metrics=None, lease_timeout=30)
-        settled = Settled()
-        broker.add_middleware(settled)
-        broker.add_middleware(IdempotencyMiddleware(handler, maintenance=False))
-        e = Env(broker, handler, prefix, settled)
-        _declare_actors(e)
-        worker = dramatiq.Worker(broker, queues={"default"}, worker_threads=1,
-                                 worker_timeout=100)  # the held_* queues stay unconsumed
-        worker.start()
-        try:
-            yield e
-        finally:
-            for gate in e.gates.values():
-                gate.set()
-            worker.stop()
-            broker.close()
-            store.drop_schema()
-            store.close()
+    settled = Settled()  # added before the idempotency middleware
+
+    def make(broker: RabbitmqBroker, handler: IdempotencyHandler, prefix: str) -> Env:
+        return _declare_actors(Env(broker, handler, prefix, settled=settled))
+
+    with running_env("dramatiq_unique", make, settled) as e:
+        yield e
 
 
-def _declare_actors(e: Env) -> None:
-    def slow(k: str) -> None:  # plain actors: the marks need no idempotent=True
-        e.runs[k] += 1
-        e.started[k].set()
-        assert e.gates[k].wait(budget(WAIT))
-
+def _declare_actors(e: Env) -> Env:
     def flaky(k: str) -> None:
         e.runs[k] += 1
         if e.runs[k] == 1:
@@ -126,11 +81,14 @@ def _declare_actors(e: Env) -> None:
         e.runs[k] += 1
         raise RuntimeError("always")
 
-    for fn, options in ((slow, {}), (flaky, {"min_backoff": 10, "max_backoff": 20}),
+    # plain actors: the marks need no idempotent=True
+    e.actors["slow"] = dramatiq.actor(e.gated, broker=e.broker, actor_name="unique_slow")
+    for fn, options in ((flaky, {"min_backoff": 10, "max_backoff": 20}),
                         (broken, {"max_retries": 0})):
         e.actors[fn.__name__] = dramatiq.actor(
             fn, broker=e.broker, actor_name=f"unique_{fn.__name__}", **options
         )
+    return e
 
 
 def test_a_hundred_producers_enqueue_one_message(env: Env) -> None:

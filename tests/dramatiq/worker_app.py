@@ -3,7 +3,8 @@
 Configured entirely from environment variables (set by ``test_real_brokers.py``) so that each
 test gets its own queue / namespace and its own store tables:
 ``IT_BROKER`` (rabbitmq|redis), ``IT_BROKER_URL``, ``IT_QUEUE``, ``IT_STORE_URL``,
-``IT_TABLE_PREFIX``, ``IT_WORKDIR``, ``IT_LEASE``.
+``IT_TABLE_PREFIX``, ``IT_WORKDIR``, ``IT_LEASE``, and ``IT_HEARTBEAT`` (seconds; unset: no
+heartbeat, the lease runs out ``IT_LEASE`` seconds after the claim).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def make_broker() -> dramatiq.Broker:
 
 
 store = SQLStore(os.environ["IT_STORE_URL"], table_prefix=os.environ["IT_TABLE_PREFIX"])
-handler = IdempotencyHandler(store, lease_timeout=float(os.environ.get("IT_LEASE", "2")))
+_HEARTBEAT = os.environ.get("IT_HEARTBEAT")
+handler = IdempotencyHandler(
+    store, lease_timeout=float(os.environ.get("IT_LEASE", "2")),
+    heartbeat_interval=None if _HEARTBEAT is None else float(_HEARTBEAT),
+)
 broker = make_broker()
 broker.add_middleware(IdempotencyMiddleware(handler, recover_every=0.5, cleanup_every=60))
 dramatiq.set_broker(broker)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from idempotent_tasks._core.records import Scope
+from idempotent_tasks.stores._feed import scope_digest
 from idempotent_tasks.stores.base import ClaimRequest, Store
 from idempotent_tasks.stores.redis import RedisStore
 
@@ -231,3 +232,63 @@ def test_async_batches_go_per_shard_and_spread_over_every_master(
     assert sum(per_node) == 300 and all(n > 0 for n in per_node)
     stuck = async_cluster_store.find_stuck(now=NOW + 31, heartbeat_before=None, limit=1000)
     assert len(stuck) == 300
+
+
+# -- the change feed: plain pub/sub, which a cluster forwards to every node -----------------
+def _digests_pending(feed: Any, scopes: list[Scope]) -> bool:
+    return all(feed.pending(scope_digest(s)) for s in scopes)
+
+
+def test_the_change_feed_wakes_waiters_of_every_slot_from_any_node(
+    cluster_store: RedisStore, cluster_ports: list[int]
+) -> None:
+    """One subscription (on one node) hears announcements published on any node."""
+    scopes = [Scope("t", "op", str(i)) for i in range(12)]
+    woken: dict[Scope, bool] = {}
+    threads = [
+        threading.Thread(target=lambda s=s: woken.update({s: cluster_store.wait_for_change(
+            s, timeout=budget(60))}))
+        for s in scopes
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    feed = cluster_store._feed
+    wait_until(lambda: feed.subscribed.is_set() and _digests_pending(feed, scopes),
+               "the waiters registered and subscribed")  # fmt: skip
+    nodes = [redis.Redis(port=port) for port in cluster_ports]
+    for i, scope in enumerate(scopes[:-1]):  # published on each node in turn
+        nodes[i % len(nodes)].publish(feed.channel, scope_digest(scope))
+    cluster_store.announce_change(scopes[-1])  # and through the store's cluster client
+    for node in nodes:
+        node.close()
+    for t in threads:
+        t.join(budget(10))
+    assert woken == dict.fromkeys(scopes, True)
+
+
+def test_a_sync_cluster_announcement_wakes_an_async_cluster_waiter(
+    async_cluster_store: Any, cluster_ports: list[int]
+) -> None:
+    if not hasattr(async_cluster_store.client, "pubsub"):
+        pytest.skip("this redis-py has no redis.asyncio cluster pub/sub")
+    inner = async_cluster_store.inner
+    scopes = [Scope("t", "op", str(i)) for i in range(6)]
+    futures = [
+        asyncio.run_coroutine_threadsafe(
+            inner.wait_for_change(s, timeout=budget(60)), async_cluster_store.loop
+        )
+        for s in scopes
+    ]
+    feed = inner._feed
+    wait_until(
+        lambda: any(f.subscribed.is_set() for f in list(feed._loops.values()))
+        and _digests_pending(feed, scopes),
+        "the async waiters registered and subscribed",
+    )
+    client = RedisCluster(host="127.0.0.1", port=cluster_ports[1], socket_timeout=5)
+    announcer = RedisStore(client, prefix=inner.prefix)
+    for scope in scopes:
+        announcer.announce_change(scope)
+    announcer.close()
+    client.close()
+    assert [f.result(budget(10)) for f in futures] == [True] * len(scopes)

@@ -21,6 +21,8 @@ connections.
   once per connection (asyncpg's statement cache; psycopg ``prepare=True``).
   ``prepare=False`` sends no named prepared statement (asyncpg ``statement_cache_size=0``,
   psycopg ``prepare_threshold=None``): required behind PgBouncer in transaction mode.
+* Change feed: SQLStore's ``LISTEN``/``NOTIFY`` (``_feed.py``) on the store's driver, one
+  listener task per store and event loop; ``prepare=False`` needs ``listen_url=`` for it.
 * Failures: a database without the store's tables or sequence raises
   :class:`~idempotent_tasks.ConfigurationError` ("schema not created: run
   ``idempotent-tasks migrate``"); every other driver or pool error — an unreachable server

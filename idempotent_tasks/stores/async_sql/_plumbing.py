@@ -7,20 +7,25 @@ import asyncio
 from typing import Any, Final, TypeVar
 
 from ..._core.errors import ConfigurationError, IdempotencyError
+from ..._core.records import Scope
 from ..sql.protocol import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE,
     DEFAULT_SOCKET_TIMEOUT,
     DEFAULT_TABLE_PREFIX,
     Plan,
+    channel_name,
     check_options,
     check_schema,
+    listen_conninfo,
+    notify_plan,
     postgres_plans,
     schema_objects,
     translate,
 )
 from ._connections import Connections
 from ._deadline import Watchdog
+from ._feed import AsyncChangeFeed
 from ._transports import AsyncpgTransport, Held, PsycopgTransport
 
 #: The driver behind a plain ``postgresql://`` URL (the faster one, see docs/performance.md).
@@ -80,6 +85,8 @@ class AsyncSQLPlumbing:
     """Everything of AsyncSQLStore but its primitives (see the package docstring)."""
 
     name = "postgresql"
+    #: The change feed (``_feed.py``), where ``LISTEN`` can work.
+    _feed: AsyncChangeFeed | None = None
 
     def __init__(
         self,
@@ -91,6 +98,7 @@ class AsyncSQLPlumbing:
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         prepare: bool = True,
         require_synchronous_replication: bool = False,
+        listen_url: str | None = None,
     ) -> None:
         check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
         #: Every connection taken from the pool checks that commits wait for a standby.
@@ -124,6 +132,27 @@ class AsyncSQLPlumbing:
         self._watchdog = (
             None if socket_timeout is None else Watchdog(socket_timeout, self._transport.break_)
         )
+        self._start_feed(conninfo, listen_url)
+
+    def _start_feed(self, conninfo: str, listen_url: str | None) -> None:
+        """As on SQLStore, the feed's two coroutine methods are set on the instance: behind
+        PgBouncer (``prepare=False``) without ``listen_url`` the store has neither, and
+        ``isinstance(store, AsyncChangeFeedStore)`` is False (its waiters poll)."""
+        if listen_url is None and not self.prepare:
+            return
+        self._channel = channel_name(self.table_prefix)
+        self._feed = feed = AsyncChangeFeed(
+            self.driver, conninfo if listen_url is None else listen_conninfo(listen_url),
+            self._channel, connect_timeout=self._connect_timeout,
+            ping_timeout=self._socket_timeout,
+        )
+        self.announce_change = self._announce_change
+        self.wait_for_change = feed.wait
+
+    async def _announce_change(self, scope: Scope) -> None:
+        """Wake ``scope``'s waiters in every process listening on this store's channel:
+        one ``pg_notify`` (``stores/sql/_feed.py``)."""
+        await self._execute("announce_change", notify_plan(self._channel, scope))
 
     def _new_connections(self) -> Connections:
         return Connections(self._transport, self._get_pool, self._pool_size,
@@ -237,7 +266,10 @@ class AsyncSQLPlumbing:
             twin.close()
 
     async def close(self) -> None:
-        """Close the pool (its connections and tasks); the next call opens a new one."""
+        """Close the pool (its connections and tasks) and stop the change feed's listener;
+        the next call opens a new one."""
+        if self._feed is not None:
+            await self._feed.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._pool is not None:

@@ -10,7 +10,9 @@ Redis together.
 * Guarantee: every primitive of the store contract (``stores/base.py``) is one atomic
   ``EVALSHA`` of a script shipped in ``stores/redis/lua/``; ``create`` returns the existing
   record in the same round trip on DUPLICATE (replacing an *expired* record takes a second,
-  equally atomic script that re-checks the expiry and also resets the counter).
+  equally atomic script that re-checks the expiry and also resets the counter).  The batch
+  primitives (``create_many``, ``mark_success_many``) are one script call per 500 scopes
+  (per shard on Redis Cluster), each scope in it decided on its own, atomically.
   Durability is Redis's own: with ``appendonly yes`` and ``appendfsync always`` a claim
   survives a server crash; with snapshots or no persistence a restart forgets claims (and
   duplicates may then run again).  A failover to a replica that had not received the last
@@ -78,6 +80,11 @@ Redis together.
   becomes :class:`~idempotent_tasks.StoreUnavailableError` at the transport, before the
   body runs (fail closed); a bad prefix, timeout or ``gc_ttl`` raises
   :class:`~idempotent_tasks.ConfigurationError`.  Constructors never connect.
+* Change feed (``stores.changes``, for ``on_in_progress="wait"``): ``announce_change`` is
+  one ``PUBLISH`` of a digest of the scope on ``<prefix>:changes``;
+  ``wait_for_change`` blocks on an event that the store's one subscription per process (a
+  thread; per event loop, a task, for the async store) sets; plain pub/sub in Cluster too
+  (see ``_pubsub``).
 * URL: ``redis://[:password@]host:port/db`` (``rediss://`` for TLS, ``unix://`` for a
   socket); ``redis+cluster://host:port`` for Redis Cluster (the cluster client is built on
   first use).  Or pass a ``redis.Redis`` / ``redis.cluster.RedisCluster`` client, or a

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Final
 
 from ..._core.errors import ConfigurationError
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
+from .._feed import scope_digest
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..effects import Resolution
+from ._async_pubsub import AsyncChangeFeed
 from ._client import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_GC_TTL,
@@ -18,6 +20,7 @@ from ._client import (
     check_options,
 )
 from ._protocol import CLAIM_CHUNK
+from ._pubsub import announce_change, feed_channel
 from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._store import RedisStoreBase
 from ._transport import AsyncTransport
@@ -64,6 +67,9 @@ class AsyncRedisStore(RedisStoreBase):
             wait_replicas=wait_replicas, wait_timeout=wait_timeout,
         )
         self._run = transport.run
+        self._feed = AsyncChangeFeed(
+            transport.client, feed_channel(prefix), (*transport.errors, OSError)
+        )
 
     def __repr__(self) -> str:
         return f"AsyncRedisStore({self.client!r}, prefix={self.prefix!r})"
@@ -174,6 +180,16 @@ class AsyncRedisStore(RedisStoreBase):
         plan = self._protocol.resolve_uncertain(scope, resolution, now, response, expires_at)
         return await self._run(plan, scope)
 
+    # -- the change feed (stores.changes) -----------------------------------------------
+    async def announce_change(self, scope: Scope) -> None:
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_pubsub``)."""
+        await self._run(announce_change(self._feed.channel, scope_digest(scope)), scope)
+
+    async def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
+        """Wait until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
+        store's one subscription per event loop wakes every waiter (``_async_pubsub``)."""
+        return await self._feed.wait(scope_digest(scope), timeout)
+
     # -- counters and operator actions --------------------------------------------------
     async def get_retry_count(self, scope: Scope) -> int:
         return await self._run(self._protocol.get_retry_count(scope), scope)
@@ -229,5 +245,7 @@ class AsyncRedisStore(RedisStoreBase):
 
     async def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
-        belongs to the caller)."""
+        belongs to the caller), and the change feed's subscriptions (always ours; a later
+        wait opens one again)."""
+        await self._feed.close()
         await self._transport.close(owned=self._owned)

@@ -40,6 +40,7 @@ SCRIPTS: Final = (
     "reopen",
     "heartbeat",
     "mark_success",
+    "mark_success_many",
     "mark_failed",
     "record_failure",
     "release",

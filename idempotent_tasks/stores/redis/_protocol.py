@@ -10,7 +10,8 @@ their replies; nothing here talks to a driver or awaits.  Key layout and reply p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final
 
 from ..._core.errors import ConfigurationError
@@ -22,13 +23,20 @@ from ._records import FIELDS, SHARD_DIGITS, Keys, claim_result, record
 from ._replication import ReplicaWaits
 from ._scripts import Plan, Step, checked
 
-#: Claims per script call in ``create_many`` (bounds the time one script blocks Redis).
+#: Claims (or writes) per script call in ``create_many`` and ``mark_success_many`` (bounds
+#: the time one script blocks Redis).
 CLAIM_CHUNK: Final = 500
 
 
 class RedisProtocol(MaintenancePlans):
     """The plans of every store primitive (see the package docstring for what they
     guarantee)."""
+
+    #: The key names of the last ``create_many``'s scopes, for the ``mark_success_many``
+    #: that usually follows with the same scopes (for speed: a scope's key names cost a
+    #: SHA-256 and five strings).  Replaced whole, never changed in place: a thread reads
+    #: one batch's names or another's, and a scope not found is named afresh.
+    _claimed_keys: Mapping[Scope, Keys] = MappingProxyType({})
 
     @classmethod
     def on(
@@ -77,7 +85,9 @@ class RedisProtocol(MaintenancePlans):
         if not claims:
             return []
         keyed = [(c, Keys(c.scope, self.shards)) for c in claims]
-        groups = self._claim_groups(keyed)
+        if len(keyed) <= CLAIM_CHUNK:  # bounded: one script call's worth
+            self._claimed_keys = {c.scope: k for c, k in keyed}
+        groups = self._groups([k for _, k in keyed])
         calls = [self._claim_call(keyed, g, now, lease_expires_at) for g in groups]
         replies = yield from self.eval_many("claim_many", calls)
         results: list[CreateResult | None] = [None] * len(claims)
@@ -88,14 +98,16 @@ class RedisProtocol(MaintenancePlans):
                 results[i] = claim_result(c.scope, item, c.request_hash, now, lease_expires_at)
         return [r for r in results if r is not None]
 
-    def _claim_groups(self, keyed: Sequence[tuple[ClaimRequest, Keys]]) -> list[list[int]]:
+    def _groups(self, keys: Sequence[Keys]) -> list[list[int]]:
+        """Positions of ``keys`` per script call of a batch: chunks of ``CLAIM_CHUNK``, and
+        on a Cluster one shard per call (a script may only touch one slot)."""
         if self.cluster:
             by_shard: dict[str, list[int]] = {}
-            for i, (_, k) in enumerate(keyed):
+            for i, k in enumerate(keys):
                 by_shard.setdefault(k.member[:SHARD_DIGITS], []).append(i)
             groups = list(by_shard.values())
         else:
-            groups = [list(range(len(keyed)))]
+            groups = [list(range(len(keys)))]
         return [g[i : i + CLAIM_CHUNK] for g in groups for i in range(0, len(g), CLAIM_CHUNK)]
 
     def _claim_call(
@@ -167,18 +179,30 @@ class RedisProtocol(MaintenancePlans):
         return bool(reply)
 
     def mark_success_many(self, writes: Sequence[SuccessWrite], now: float) -> Plan[list[bool]]:
-        """``mark_success.lua`` once per write, all in one pipeline (each call stays atomic
-        and conditional on its own token)."""
+        """``mark_success_many.lua`` once per chunk (standalone) or per shard (Cluster), all
+        sent in one pipeline; each write stays individually atomic and conditional on its
+        own token.  One script call for a batch, not one per write: the server dispatches
+        one script and the client packs one command and reads one reply (for speed)."""
         if not writes:
             return []
+        known, shards = self._claimed_keys, self.shards
+        keys = [known.get(w.scope) or Keys(w.scope, shards) for w in writes]
+        groups = self._groups(keys)
         calls: list[tuple[Sequence[str], Sequence[Any]]] = []
-        for w in writes:
-            k = Keys(w.scope, self.shards)
-            calls.append((
-                (k.record, k.counter, k.processing, k.finished),
-                (w.token, w.response, now, w.expires_at, self.gc_ms),
-            ))
-        return [bool(r) for r in (yield from self.eval_many("mark_success", calls))]
+        for group in groups:
+            names: list[str] = []
+            args: list[Any] = [now, self.gc_ms]
+            for i in group:
+                k, w = keys[i], writes[i]
+                names += (k.record, k.counter, k.processing, k.finished)
+                args += (w.token, w.response, w.expires_at)
+            calls.append((names, args))
+        replies = yield from self.eval_many("mark_success_many", calls)
+        written = [False] * len(writes)
+        for group, reply in zip(groups, replies, strict=True):
+            for i, item in zip(group, reply, strict=True):
+                written[i] = item == 1
+        return written
 
     def mark_failed(
         self,

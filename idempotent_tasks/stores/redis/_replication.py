@@ -57,7 +57,8 @@ DEFAULT_WAIT_TIMEOUT: Final = 0.5
 BEFORE_BODY: Final = ("claim", "claim_many", "take_over", "reopen", "heartbeat")
 #: Scripts whose writes record a body's outcome (a short WAIT: OUTCOME_NOT_RECORDED).
 AFTER_BODY: Final = (
-    "mark_success", "mark_failed", "record_failure", "release", "mark_uncertain"
+    "mark_success", "mark_success_many", "mark_failed", "record_failure", "release",
+    "mark_uncertain",
 )
 #: Keys per claim of ``claim_many.lua`` (record, counter, processing index, ...).
 _CLAIM_MANY_KEYS: Final = 6
@@ -155,4 +156,6 @@ def _wrote(name: str, keys: Sequence[Any], reply: Any) -> bool:
     if name == "claim_many":
         items = reply if len(keys) > _CLAIM_MANY_KEYS else [reply]
         return any(isinstance(item, list) for item in items)
+    if name == "mark_success_many":  # an array of 1/0, one per write
+        return any(item == 1 for item in reply)
     return bool(reply == 1)  # heartbeat, mark_success, mark_failed, release, mark_uncertain

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._core.records import CreateResult, Scope, Status, StoredRecord
+from .._feed import scope_digest
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from ..effects import Resolution
 from ._client import (
@@ -17,6 +18,7 @@ from ._client import (
     check_options,
 )
 from ._protocol import CLAIM_CHUNK, RedisProtocol
+from ._pubsub import ChangeFeed, announce_change, feed_channel
 from ._records import Keys
 from ._replication import DEFAULT_WAIT_TIMEOUT
 from ._transport import SyncTransport
@@ -81,6 +83,9 @@ class RedisStore(RedisStoreBase):
             wait_replicas=wait_replicas, wait_timeout=wait_timeout,
         )
         self._run = transport.run
+        self._feed = ChangeFeed(
+            transport.client, feed_channel(prefix), (*transport.errors, OSError)
+        )
 
     def __repr__(self) -> str:
         return f"RedisStore(prefix={self.prefix!r})"
@@ -181,6 +186,16 @@ class RedisStore(RedisStoreBase):
         plan = self._protocol.resolve_uncertain(scope, resolution, now, response, expires_at)
         return self._run(plan, scope)
 
+    # -- the change feed (stores.changes) -----------------------------------------------
+    def announce_change(self, scope: Scope) -> None:
+        """One ``PUBLISH`` of the scope's digest on the store's channel (``_pubsub``)."""
+        self._run(announce_change(self._feed.channel, scope_digest(scope)), scope)
+
+    def wait_for_change(self, scope: Scope, *, timeout: float) -> bool:
+        """Block until ``scope`` is announced (True) or ``timeout`` seconds pass (False); the
+        store's one subscription in this process wakes every waiter (``_pubsub``)."""
+        return self._feed.wait(scope_digest(scope), timeout)
+
     # -- counters and operator actions --------------------------------------------------
     def get_retry_count(self, scope: Scope) -> int:
         return self._run(self._protocol.get_retry_count(scope), scope)
@@ -234,5 +249,7 @@ class RedisStore(RedisStoreBase):
 
     def close(self) -> None:
         """Close the connection pool if this store built the client (a client passed in
-        belongs to the caller), and the hot path's per-thread connections (always ours)."""
+        belongs to the caller), and the hot path's per-thread connections and the change
+        feed's subscription (always ours; a later call opens them again)."""
+        self._feed.close()
         self._transport.close(owned=self._owned)

@@ -48,6 +48,12 @@ schema, one contract.
   every primitive is one autocommit statement or one transaction, and ``create_schema()``
   runs in one transaction (its advisory lock is transaction-scoped), so it works through
   such a pooler too.
+* Change feed (PostgreSQL; ``_feed.py``): ``announce_change`` / ``wait_for_change``
+  (``stores.changes``) through ``LISTEN``/``NOTIFY`` on the channel ``<prefix>_changes``,
+  one listening connection and thread per store and process.  ``prepare=False`` (PgBouncer
+  in transaction mode, where ``LISTEN`` cannot work) leaves them out unless
+  ``listen_url=`` names a direct PostgreSQL URL for the listener; SQLite and MySQL stores
+  do not have them (their waiters poll).
 * Failover (``require_synchronous_replication=True``, PostgreSQL): every new connection
   checks that the server's commits wait for a standby (``synchronous_standby_names`` set,
   ``synchronous_commit`` not ``off``/``local``, not a standby itself) and is a

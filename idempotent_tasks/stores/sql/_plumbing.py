@@ -29,6 +29,7 @@ from ._connections import (
 )
 from ._dialects import check_schema, dialect_plans, drive, schema_objects
 from ._errors import translate
+from ._feed import ChangeFeed, notify_plan, sync_feed
 from ._mysql_setup import begin_body, make_adopt, mysql_metadata
 from ._plans import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -109,6 +110,8 @@ class SQLPlumbing:
     """Everything of SQLStore but its primitives (see the package docstring)."""
 
     name: str
+    #: The change feed (``_feed.py``), on PostgreSQL where ``LISTEN`` can work.
+    _feed: ChangeFeed | None = None
 
     def __init__(
         self,
@@ -120,6 +123,7 @@ class SQLPlumbing:
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         prepare: bool = True,
         require_synchronous_replication: bool = False,
+        listen_url: str | None = None,
     ) -> None:
         check_options(table_prefix, connect_timeout, pool_size, socket_timeout)
         self._connect_timeout = float(connect_timeout)
@@ -156,6 +160,32 @@ class SQLPlumbing:
             (dbapi.OperationalError, dbapi.InterfaceError) if self._pg else ()
         )
         self._watchdog = _Watchdog(socket_timeout) if self._pg and socket_timeout else None
+        self._start_feed(listen_url)
+
+    def _start_feed(self, listen_url: str | None) -> None:
+        """The change feed's two methods are set on the instance, never on the class: a
+        store that cannot listen (SQLite, MySQL, PgBouncer without ``listen_url``) has no
+        ``announce_change``/``wait_for_change`` at all, so ``hasattr`` and
+        ``isinstance(store, ChangeFeedStore)`` tell it from one that can, and its waiters
+        poll."""
+        if not self._pg:
+            if listen_url is not None:
+                raise ConfigurationError("listen_url needs PostgreSQL")
+            return
+        self._feed = feed = sync_feed(
+            self._engine, table_prefix=self.table_prefix, listen_url=listen_url,
+            prepare=self.prepare, connect_timeout=self._connect_timeout,
+            watchdog=self._watchdog,
+        )
+        if feed is not None:
+            self._channel = feed.channel
+            self.announce_change = self._announce_change
+            self.wait_for_change = feed.wait
+
+    def _announce_change(self, scope: Scope) -> None:
+        """Wake ``scope``'s waiters in every process listening on this store's channel:
+        one ``pg_notify`` (``_feed.py``)."""
+        self._execute("announce_change", notify_plan(self._channel, scope))
 
     def __repr__(self) -> str:
         url = self._engine.url.render_as_string(hide_password=True)

@@ -237,7 +237,10 @@ class SQLStore(SQLPlumbing):
             extension[action](conn, self.table_prefix)
 
     def close(self) -> None:
-        """Return idle connections; dispose of the engine when the store created it."""
+        """Stop the change feed's listener; return idle connections; dispose of the engine
+        when the store created it."""
+        if self._feed is not None:
+            self._feed.close()
         self._raw.drain(invalidate=False)
         if self._owns_engine:
             self._engine.dispose()

@@ -15,6 +15,10 @@ store, the transactional outbox) and the async store share with ``SQLStore``.
   and :func:`check_schema` (the plan that checks the schema whole on a store's first use),
   :func:`upgrade_schema` and :data:`UPGRADABLE` (an earlier release's tables brought up to
   date in place, through any ``run(sql)``).
+* Change feed (``LISTEN``/``NOTIFY``, shared by both stores): :func:`channel_name`,
+  :func:`notify_plan`, :func:`listen_sql`, :func:`listener_name`,
+  :func:`listen_conninfo`, :data:`LISTEN_TICK`, :data:`PING_INTERVAL`,
+  :data:`RECONNECT_DELAYS`.
 * Errors: :func:`translate` (a driver error → ``ConfigurationError`` for a missing schema or
   refused credentials, else ``StoreUnavailableError``), :func:`schema_missing`,
   :data:`SCHEMA_MISSING`.
@@ -24,6 +28,16 @@ from __future__ import annotations
 
 from ._dialects import check_schema, dialect_plans, drive, schema_objects
 from ._errors import SCHEMA_MISSING, schema_missing, translate
+from ._feed import (
+    LISTEN_TICK,
+    PING_INTERVAL,
+    RECONNECT_DELAYS,
+    channel_name,
+    listen_conninfo,
+    listen_sql,
+    listener_name,
+    notify_plan,
+)
 from ._plans import (
     COUNT,
     CREATE_ATTEMPTS,
@@ -57,6 +71,9 @@ __all__ = [
     "DEFAULT_POOL_SIZE",
     "DEFAULT_SOCKET_TIMEOUT",
     "DEFAULT_TABLE_PREFIX",
+    "LISTEN_TICK",
+    "PING_INTERVAL",
+    "RECONNECT_DELAYS",
     "ROWS",
     "SCHEMA_MISSING",
     "UPGRADABLE",
@@ -67,6 +84,7 @@ __all__ = [
     "Statement",
     "acheck_synchronous_replication",
     "build_metadata",
+    "channel_name",
     "check_intact",
     "check_options",
     "check_schema",
@@ -76,6 +94,10 @@ __all__ = [
     "fencing_sequence",
     "fencing_table",
     "identity",
+    "listen_conninfo",
+    "listen_sql",
+    "listener_name",
+    "notify_plan",
     "postgres_plans",
     "pyformat",
     "record",

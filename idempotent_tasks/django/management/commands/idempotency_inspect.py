@@ -1,11 +1,12 @@
 """``manage.py idempotency_inspect TENANT OPERATION KEY [--json]``: one scope's record,
-retry counter, result, lease and timestamps (exit 3 when it has no live record)."""
+retry counter, result, lease and timestamps, and its past attempts (exit 3 when it has no
+live record)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ....cli._render import record_document, record_table
+from ....cli._render import inspected_document, inspected_tables
 from ..._commands import HandlerCommand, add_scope_arguments, load_record
 
 
@@ -19,9 +20,13 @@ class Command(HandlerCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         handler = self.handler()
         record = load_record(handler, options["tenant"], options["operation"], options["key"])
+        attempts = handler.get_attempts(
+            operation=options["operation"], tenant=options["tenant"], key=options["key"]
+        )
         now = handler.clock()
-        doc = record_document(record, now)
+        doc = inspected_document(record, attempts, now)
         if options["as_json"]:
             self.emit_json(doc)
-        else:
-            self.emit_table(record_table(doc, now, f"{record.status.value} record"))
+            return
+        for table in inspected_tables(doc, now):
+            self.emit_table(table)
