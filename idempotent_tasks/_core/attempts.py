@@ -60,15 +60,19 @@ class Attempt:
     detail: str | None = None
 
 
+def _kept(blob: bytes | None) -> list[dict[str, Any]]:
+    """The history part of a steps blob as stored, oldest first (``[]`` when none)."""
+    raw = decode_steps(blob).get(HISTORY_PART)
+    kept: list[dict[str, Any]] = json.loads(raw) if raw is not None else []
+    return kept
+
+
 def attempts_in(blob: bytes | None) -> list[Attempt]:
     """The attempts kept in a steps blob, oldest first (``[]`` when it keeps none)."""
-    raw = decode_steps(blob).get(HISTORY_PART)
-    if raw is None:
-        return []
     return [
         Attempt(int(item["token"]), Status(item["status"]), float(item["settled_at"]),
                 item.get("detail"))
-        for item in json.loads(raw)
+        for item in _kept(blob)
     ]
 
 
@@ -85,9 +89,7 @@ def _entry(record: StoredRecord) -> dict[str, Any]:
 def history_after(blob: bytes | None, settled: StoredRecord) -> bytes:
     """The steps blob a new attempt starts with: no step, the history of ``blob`` with
     ``settled`` appended, the last :data:`KEPT_ATTEMPTS` of it."""
-    raw = decode_steps(blob).get(HISTORY_PART)
-    kept: list[dict[str, Any]] = json.loads(raw) if raw is not None else []
-    kept = [*kept, _entry(settled)][-KEPT_ATTEMPTS:]
+    kept = [*_kept(blob), _entry(settled)][-KEPT_ATTEMPTS:]
     encoded = json.dumps(kept, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return encode_steps({HISTORY_PART: encoded})
 
