@@ -8,8 +8,11 @@ each one is verified before it is counted:
   inside an operation is read from its history afterwards.
 * ``kill_mid_op`` — the store is *stalled* (network stores: every chunk through the proxy
   held 1 s; SQLite: the runner holds the write lock), a worker whose history ends with
-  an open invocation is SIGKILLed (verified: SIGKILL, and its history still ends with that
-  invocation), then the stall ends.  Through the proxy the dead worker's request is still
+  an open invocation of an operation the stall holds, invoked after the stall began, is
+  SIGKILLed (verified: SIGKILL, and its history still ends with that invocation), then the
+  stall ends.  An operation invoked before the stall may already have its answer and be
+  about to record it; one the stall lets through (a SQLite claim of a scope that has a
+  record is one read, which WAL mode never blocks) may finish before the kill lands.  Through the proxy the dead worker's request is still
   delivered afterwards: an operation that takes effect after its process died.
 * ``drop`` (network stores) — every connection through the proxy is aborted (verified: none
   left open) and the workers reconnect (verified: the proxy accepted new connections).
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from tests._wait import wait_until as _wait_until
 
-from .history import Op, load
+from .history import READS, Op, load
 
 ROOT = Path(__file__).resolve().parents[2]
 NETWORK_PLAN = (
@@ -57,6 +60,8 @@ class Target:
     prefix: str | None
     stall: Callable[[], AbstractContextManager[None]]
     drop: Callable[[], str] | None = None
+    # operations the stall may let through: never the victim of ``kill_mid_op``
+    unheld: frozenset[str] = frozenset(READS)
 
     @property
     def plan(self) -> tuple[tuple[float, str], ...]:
@@ -176,10 +181,13 @@ class Run:
 
     def kill_mid_op(self) -> None:
         with self.target.stall():
+            # what each history held when the stall began: an invocation after it is held
+            began = {w.name: _size(w.history) for w in self._live}
             found: list[Worker] = []
 
             def blocked() -> bool:
-                found[:] = [w for w in self._live if _open_invocation(w.history, writes=True)]
+                found[:] = [w for w in self._live if _open_invocation(
+                    w.history, after=began[w.name], unheld=self.target.unheld)]
                 return bool(found)
             _wait(blocked, "a worker blocked inside a write")
             victim = self.rng.choice(found)
@@ -218,16 +226,28 @@ class Run:
         return load(w.history for w in self._all if w.history.exists())
 
 
-def _open_invocation(path: Path, *, writes: bool = False) -> str | None:
-    """The operation a history's last line invokes, if that line is an invocation."""
+def _open_invocation(
+    path: Path, *, after: int = 0, unheld: frozenset[str] = frozenset()
+) -> str | None:
+    """The operation a history's last line invokes, if that line is an invocation (of
+    none of ``unheld``, written past byte ``after``)."""
     with contextlib.suppress(FileNotFoundError):
-        lines = path.read_text().splitlines()
-        last = json.loads(lines[-1]) if lines and lines[-1].endswith("}") else None
-        if last is not None and last["e"] == "i":
-            if writes and last["op"] in ("get", "get_retry_count"):
-                return None
+        data = path.read_bytes().rstrip(b"\n")
+        start = data.rfind(b"\n") + 1  # where the last line begins
+        line = data[start:]
+        last = json.loads(line) if line.endswith(b"}") else None
+        if last is not None and last["e"] == "i" and last["op"] not in unheld:
+            if start < after:
+                return None  # invoked before the stall began
             return f"{last['op']}#{last['n']}"
     return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
