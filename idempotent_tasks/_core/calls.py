@@ -13,8 +13,10 @@ from ..typing import (
 )
 from .batch import Entry
 from .commands import Command
+from .drivers import drive
 from .engine import Engine
 from .errors import ConfigurationError, IdempotencyError
+from .flat import run_flat
 from .flow import execute, unkeyed
 from .outcome import Outcome
 from .policies import POLICY_NAMES
@@ -52,6 +54,33 @@ def build_flow(
     if call is None:
         return unkeyed(engine, operation, fn, permanent)
     return execute(engine, call, fn, permanent)
+
+
+def run_call(
+    engine: Engine,
+    fn: Callable[..., Any],
+    operation: str,
+    tenant: str | None,
+    key: str | None,
+    payload: Any,
+    permanent: Permanent,
+    require_key: bool,
+    overrides: Mapping[str, Any] | None,
+) -> Outcome:
+    """One synchronous, non-transactional call, driven to its outcome on this thread: on
+    the flat path (:mod:`.flat`) where it applies — a sync store without a cache — else the
+    flow.  The caller checked that no tracer is installed."""
+    if engine.cache is not None or engine.io.native_async:
+        flow = build_flow(engine, fn, operation, tenant, key, payload, permanent, False,
+                          require_key, False, overrides)
+        return flow if isinstance(flow, Outcome) else drive(engine, flow)
+    try:
+        call = engine.prepare(operation, tenant, key, payload, require_key, overrides)
+    except IdempotencyError as err:
+        return _rejected(err, operation, tenant, key)
+    if call is None:
+        return drive(engine, unkeyed(engine, operation, fn, permanent))
+    return run_flat(engine, call, fn, permanent)
 
 
 def transactional_refusal(
@@ -130,6 +159,6 @@ def _text(value: Any) -> str | None:
 
 
 __all__ = [
-    "NO_OVERRIDES", "OVERRIDES", "batch_entry", "build_flow", "call_overrides",
+    "NO_OVERRIDES", "OVERRIDES", "batch_entry", "build_flow", "call_overrides", "run_call",
     "transactional_refusal",
 ]

@@ -126,6 +126,27 @@ class CachePut(Command):
             await engine.offloader.run(self.sync, engine)
 
 
+def run_body(
+    engine: Runtime,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    context: IdempotencyContext,
+    lease: Lease | None,
+) -> Any:
+    """``fn(*args)`` on this thread with ``context`` bound and ``lease`` kept alive by the
+    heartbeat (``RunBody`` on the synchronous path, and the flat path's body)."""
+    reset = CURRENT_CONTEXT.set(context)
+    heartbeat, ident = engine.heartbeat, None
+    if heartbeat is not None and lease is not None:
+        ident = heartbeat.register(lease)
+    try:
+        return fn(*args)
+    finally:
+        CURRENT_CONTEXT.reset(reset)
+        if ident is not None:
+            heartbeat.unregister(ident)  # type: ignore[union-attr]
+
+
 class RunBody(Command):
     """The user's body, with its context bound and its lease kept alive while it runs."""
 
@@ -146,16 +167,7 @@ class RunBody(Command):
     def sync(self, engine: Runtime) -> Any:
         if self.context is None:
             return self.fn(*self.args)
-        reset = CURRENT_CONTEXT.set(self.context)
-        heartbeat, ident = engine.heartbeat, None
-        if heartbeat is not None and self.lease is not None:
-            ident = heartbeat.register(self.lease)
-        try:
-            return self.fn(*self.args)
-        finally:
-            CURRENT_CONTEXT.reset(reset)
-            if ident is not None:
-                heartbeat.unregister(ident)  # type: ignore[union-attr]
+        return run_body(engine, self.fn, self.args, self.context, self.lease)
 
     async def run_async(self, engine: Runtime) -> Any:
         context = self.context

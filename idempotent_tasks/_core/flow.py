@@ -127,14 +127,14 @@ def claim_existing(
     engine: Engine,
     call: Call,
     record: StoredRecord | None,
-    decided: Claim | Outcome | _Pending | None = None,
+    decided: Claim | Outcome | Pending | None = None,
 ) -> Generator[Command, Any, Claim | Outcome]:
     """The scope has a record (the claim answered DUPLICATE): decide (unless the caller
     did: ``decided``), and claim again while it keeps changing under us (bounded)."""
     for _ in range(_MAX_CLAIM_ROUNDS):
         if decided is None:
             decided = decide(engine, call, record)
-        if isinstance(decided, _Pending) or engine.cache is not None or (
+        if isinstance(decided, Pending) or engine.cache is not None or (
             type(decided) is Outcome and decided.kind == "poisoned"
         ):
             decided = yield from settle(engine, call, record, decided)
@@ -152,7 +152,7 @@ def claim_existing(
     ))
 
 
-class _Pending:
+class Pending:
     """``decide``'s answer when I/O decides (``settle``): the record's lease expired, a
     policy reopens a settled scope, or a duplicate waits for the running attempt."""
 
@@ -162,16 +162,16 @@ class _Pending:
         self.name = name
 
 
-EXPIRED = _Pending("expired")
-REOPEN = _Pending("reopen")
-WAIT = _Pending("wait")
+EXPIRED = Pending("expired")
+REOPEN = Pending("reopen")
+WAIT = Pending("wait")
 
 
 def decide(
     engine: Engine, call: Call, record: StoredRecord | None
-) -> Claim | Outcome | _Pending | None:
+) -> Claim | Outcome | Pending | None:
     """The answer for an existing record (step 3) that needs no I/O: a replay or refusal
-    ``Outcome``; ``None`` when it changed meanwhile (claim again); a ``_Pending`` when I/O
+    ``Outcome``; ``None`` when it changed meanwhile (claim again); a ``Pending`` when I/O
     decides (``settle``): ``EXPIRED`` (its owner crashed: take over or poison), ``REOPEN``
     (a policy starts a new attempt of a settled scope), ``WAIT`` (wait for the running
     attempt's outcome).  The policies are consulted only off the common paths."""
@@ -208,7 +208,7 @@ def decide(
     return _not_succeeded(engine, call, record)
 
 
-def _not_succeeded(engine: Engine, call: Call, record: StoredRecord) -> Outcome | _Pending:
+def _not_succeeded(engine: Engine, call: Call, record: StoredRecord) -> Outcome | Pending:
     """``decide`` for a FAILED or PROCESSING record of the same payload."""
     if record.status is Status.UNCERTAIN:
         engine.log.warning("duplicate_uncertain", status="UNCERTAIN", **call.fields())
@@ -237,11 +237,11 @@ def _not_succeeded(engine: Engine, call: Call, record: StoredRecord) -> Outcome 
 
 def settle(
     engine: Engine, call: Call, record: StoredRecord | None,
-    decided: Claim | Outcome | _Pending | None,
+    decided: Claim | Outcome | Pending | None,
 ) -> Generator[Command, Any, Claim | Outcome | None]:
     """The I/O a decision needs: take over or poison an expired lease, reopen a settled
     scope or wait for a running one (the policies); cache a replay."""
-    if isinstance(decided, _Pending):
+    if isinstance(decided, Pending):
         assert record is not None
         if decided is EXPIRED:
             return (yield from _expired_lease(engine, call, record, engine.clock()))

@@ -38,6 +38,7 @@ from .calls import (
     batch_entry,
     build_flow,
     call_overrides,
+    run_call,
     transactional_refusal,
 )
 from .commands import Command
@@ -188,11 +189,16 @@ class IdempotencyHandler(UniqueMarks, Attributes):
         the :class:`Outcome` says what happened.  Never raises for an expected outcome."""
         given = (ttl, lease_timeout, max_retries, on_stuck, on_in_progress, wait_timeout,
                  on_success, reuse_after, on_failure, reconcile)  # in OVERRIDES' order
+        # one tuple comparison for the common case (no option at the call site)
+        overrides = None if given == NO_OVERRIDES else call_overrides(given)
+        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+        if tracer is None and not transactional:
+            return run_call(self._engine, fn, operation, tenant, key, payload, permanent,
+                            require_key, overrides)
         flow = build_flow(
             self._engine, fn, operation, tenant, key, payload, permanent, transactional,
-            require_key, False, None if given == NO_OVERRIDES else call_overrides(given),
-        )  # one tuple comparison for the common case (no option at the call site)
-        tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
+            require_key, False, overrides,
+        )
         if tracer is None:
             return flow if isinstance(flow, Outcome) else drive(self._engine, flow)
         return tracing.run(tracer, operation, driven, self._engine, flow)
@@ -318,14 +324,15 @@ class IdempotencyHandler(UniqueMarks, Attributes):
         ``IdempotencyError`` of a refusal, or the body's own exception."""
         given = (ttl, lease_timeout, max_retries, on_stuck, on_in_progress, wait_timeout,
                  on_success, reuse_after, on_failure, reconcile)  # in OVERRIDES' order
-        flow = build_flow(
-            self._engine, fn, operation, tenant, key, payload, permanent, False,
-            require_key, False, None if given == NO_OVERRIDES else call_overrides(given),
-        )  # one tuple comparison for the common case (no option at the call site)
+        # one tuple comparison for the common case (no option at the call site)
+        overrides = None if given == NO_OVERRIDES else call_overrides(given)
         tracer = None if _OTEL._TRACER_PROVIDER is None else tracing.tracer()
         if tracer is None:
-            outcome = flow if isinstance(flow, Outcome) else drive(self._engine, flow)
+            outcome = run_call(self._engine, fn, operation, tenant, key, payload, permanent,
+                               require_key, overrides)
         else:
+            flow = build_flow(self._engine, fn, operation, tenant, key, payload, permanent,
+                              False, require_key, False, overrides)
             outcome = tracing.run(tracer, operation, driven, self._engine, flow)
         result: T = outcome.unwrap()
         return result

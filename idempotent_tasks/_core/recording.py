@@ -38,21 +38,41 @@ def complete(
         encoded = engine.encode_response(call, value)
     except IdempotencyError as err:  # the body ran: it must never run again
         return (yield from unstorable(engine, call, claim, ctx, err))
-    now = engine.clock()
-    stored_form = encoded if _OTEL._TRACER_PROVIDER is None else tracing.stored_form(encoded)
-    command = sc.MarkSuccess(call.scope, claim.token, stored_form, now, now + call.options.ttl)
+    command = success_write(engine, call, claim, encoded)
     try:
         stored = yield command
-    except StoreUnavailableError as exc:  # the first try inline: no sub-generator on the hot path
-        try:
-            stored = yield from _retry_outcome(engine, call, command, exc)
-        except IdempotencyError as err:
-            return not_recorded(call, claim, ctx, err)
-    except IdempotencyError as err:
-        return not_recorded(call, claim, ctx, err)
+    except IdempotencyError as exc:
+        return (yield from success_not_written(engine, call, claim, ctx, command, exc))
     if stored and engine.cache is None:  # the common case: nothing more to write
         return recorded(engine, call, claim, ctx, encoded)
-    return (yield from succeeded(engine, call, claim, ctx, stored_form, stored, now))
+    return (yield from succeeded(engine, call, claim, ctx, command.response, stored, command.now))
+
+
+def success_write(engine: Engine, call: Call, claim: Claim, encoded: bytes) -> sc.MarkSuccess:
+    """The SUCCESS write of ``encoded``, conditional on our token (with this execution's
+    traceparent while tracing is on)."""
+    now = engine.clock()
+    stored_form = encoded if _OTEL._TRACER_PROVIDER is None else tracing.stored_form(encoded)
+    return sc.MarkSuccess(call.scope, claim.token, stored_form, now, now + call.options.ttl)
+
+
+def success_not_written(
+    engine: Engine,
+    call: Call,
+    claim: Claim,
+    ctx: IdempotencyContext,
+    command: sc.MarkSuccess,
+    exc: IdempotencyError,
+) -> Flow:
+    """The SUCCESS write failed: retried with bounded backoff while the store is
+    unavailable, then written as it is or OUTCOME_NOT_RECORDED."""
+    if not isinstance(exc, StoreUnavailableError):
+        return not_recorded(call, claim, ctx, exc)
+    try:
+        stored = yield from _retry_outcome(engine, call, command, exc)
+    except IdempotencyError as err:
+        return not_recorded(call, claim, ctx, err)
+    return (yield from succeeded(engine, call, claim, ctx, command.response, stored, command.now))
 
 
 def recorded(
