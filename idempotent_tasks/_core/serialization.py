@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_TYPES = frozenset(_SCALARS)  # exact types: one set look-up on the common path
 _STR = itertools.repeat(str)
+_STR_TYPE = frozenset((str,))
 
 
 @runtime_checkable
@@ -61,19 +62,22 @@ def _default(value: Any) -> Any:
 
 def _check_keys(value: Any, depth: int = 0) -> None:
     """Refuse non-string dict keys anywhere in ``value``."""
-    if type(value) in _SCALAR_TYPES or isinstance(value, _SCALARS):
-        return
+    kind = type(value)  # exact types first: a payload is most often a plain dict of scalars
+    if kind is not dict:
+        if kind in _SCALAR_TYPES or isinstance(value, _SCALARS):
+            return
+        if not isinstance(value, dict | list | tuple):
+            return
     if depth > 500:
         raise SerializationError("value is nested too deeply")
     if isinstance(value, dict):
-        if not all(map(isinstance, value, _STR)):  # C loops: no Python frame per key
+        # C loops, no Python frame per key: plain str keys (one set test), else subclasses
+        if not _STR_TYPE.issuperset(map(type, value)) and not all(map(isinstance, value, _STR)):
             bad = next(k for k in value if not isinstance(k, str))
             raise SerializationError(f"dict keys must be strings, got {type(bad).__name__}")
         values: Any = value.values()
-    elif isinstance(value, list | tuple):
-        values = value
     else:
-        return
+        values = value
     if not _SCALAR_TYPES.issuperset(map(type, values)):
         for item in values:
             if type(item) not in _SCALAR_TYPES:
