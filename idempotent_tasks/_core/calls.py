@@ -141,6 +141,8 @@ def call_overrides(values: tuple[Any, ...]) -> dict[str, Any] | None:
 
 def _batch_overrides(item: Mapping[str, Any]) -> dict[str, Any] | None:
     """A batch call's own options (``run``'s keyword names), if it names any."""
+    if item.keys().isdisjoint(OVERRIDES):  # the common case, one C call per message
+        return None
     named = {name: item[name] for name in OVERRIDES if item.get(name) is not None}
     return named or None
 
