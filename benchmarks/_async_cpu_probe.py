@@ -7,7 +7,8 @@ the instruction counts over the difference of ``N`` is one operation's cost)::
 
 ``KIND`` ``redis`` (``AsyncRedisStore``, floor on ``redis.asyncio``) | ``asyncpg``
 (``AsyncSQLStore`` on a ``postgresql://`` URL, floor on an asyncpg connection);
-``CONTENDER`` ``floor`` (the floor's statements, as ``asyncio_.py`` sends them) | ``execute``
+``CONTENDER`` ``floor`` (the floor's statements, as ``asyncio_.py`` sends them) | ``store``
+(``create`` + ``mark_success``; replay: ``create`` of a key that succeeded) | ``execute``
 (``await handler.execute_async(...)``, ``metrics=None``); ``MODE`` ``first`` | ``replay``.
 Deliveries run one after the other on one event loop; only the client process is counted.
 """
@@ -57,6 +58,26 @@ async def asyncpg_floor(table: str) -> AsyncIterator[dict[str, AOp]]:
         await conn.close()
 
 
+def _store_ops(store: Any) -> dict[str, Any]:
+    """The store's own calls of a delivery, without the handler."""
+    from idempotent_tasks._core.records import Scope
+
+    tag, now = uuid.uuid4().hex[:6], 1.0e9
+
+    async def first(i: int) -> None:
+        scope = Scope("t", "op", f"{tag}-{'done' if i == -1 else i}")
+        created = await store.create(scope, request_hash=_HASH, now=now,
+                                     lease_expires_at=now + 300)
+        await store.mark_success(scope, token=created.record.fencing_token,
+                                 response=_RESPONSE, now=now, expires_at=now + 86400)
+
+    async def replay(_: int) -> None:
+        await store.create(Scope("t", "op", f"{tag}-done"), request_hash=_HASH, now=now,
+                           lease_expires_at=now + 300)
+
+    return {"first": first, "replay": replay}
+
+
 async def _body() -> dict[str, bool]:
     return {"ok": True}
 
@@ -77,6 +98,9 @@ async def main(kind: str, contender: str, mode: str, n: int) -> None:
                     asyncpg_floor(f"{prefix}_records") if kind == "asyncpg" else redis_floor()
                 )
                 ops = {"first": floor["claim+complete"], "replay": floor["claim-or-get"]}
+            elif contender == "store":
+                ops = _store_ops(store)
+                await ops["first"](-1)  # what the replays find
             else:
                 h = IdempotencyHandler(store, metrics=None)
                 tag = uuid.uuid4().hex[:6]
