@@ -70,9 +70,10 @@ class LoopConnections:
         from redis.exceptions import ResponseError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
-        conn = await self._checkout()
+        conn = self._checkout()
         replies: list[Any] = []
         try:
+            await self._ready(conn)
             async with asyncio.timeout(self.timeout):
                 await conn.send_packed_command(
                     self._packed(conn, commands), check_health=self._check_health
@@ -100,25 +101,27 @@ class LoopConnections:
         chunks: list[bytes] = conn.pack_commands(commands)
         return chunks
 
-    async def _checkout(self) -> Any:
-        """An idle connection of the running loop, fit to send on (or a new one, which
-        connects on its first send)."""
-        from redis.exceptions import ConnectionError, TimeoutError
-
+    def _checkout(self) -> Any:
+        """An idle connection of the running loop, or a new one (it connects on its first
+        send); taken without awaiting, so the caller's ``finally`` always gives it back."""
         if asyncio.get_running_loop() is not self._loop:
             self._loop, self._idle, self._all = asyncio.get_running_loop(), [], []
-        if not self._idle:
-            conn = self._class(**self._kwargs)
-            self._all.append(conn)
-            return conn
-        conn = self._idle.pop()
+        if self._idle:
+            return self._idle.pop()
+        conn = self._class(**self._kwargs)
+        self._all.append(conn)
+        return conn
+
+    async def _ready(self, conn: Any) -> None:
+        """Reconnect ``conn`` if it has something to read before we sent anything."""
+        from redis.exceptions import ConnectionError, TimeoutError
+
         if conn.is_connected:
             try:
                 if await self._probe(conn):
                     await conn.disconnect()
             except (ConnectionError, TimeoutError, OSError):
                 await conn.disconnect()
-        return conn
 
     async def close(self) -> None:
         """Disconnect every connection of the running loop; each reconnects on next use."""
