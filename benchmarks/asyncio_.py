@@ -14,7 +14,9 @@ ASGI server on the native path against the same server on the thread-hop path.
   loopback, every request a first delivery.  For each store family the native async store
   and the sync store (the thread-hop path, on the handler's executor of 16 threads, and on 6
   threads: the size of the loop's default pool that ``asyncio.to_thread`` used before) run
-  alternately; requests/s, latency p50/p99 and the server's event-loop lag p99 while loaded.
+  alternately; requests/s, the server process's CPU per request (and its ratio native /
+  16-thread hop, from the same run), latency p50/p99 and the server's event-loop lag p99
+  while loaded.
   Saturating load keeps the one loop 100 % busy, so its lag there is the time to serve the
   queue, whatever the store; the same clients paced at half that rate show the lag that a
   blocking call would add (the lag target is read there).
@@ -301,6 +303,11 @@ def http_section(clients: int, seconds: float, rounds: int) -> dict[str, Any]:
         out[family] = {label: _median_run(r) for label, r in runs.items()}
         native, hop = (out[family][variants[i][0]]["rps"] for i in (0, 2))
         out[family]["native / thread hop (6 threads)"] = round(native / hop, 2) if hop else None
+        # server CPU per request, both paths of the same run (the handler's 16-thread hop)
+        cpu = [out[family][variants[i][0]].get("server_cpu_us_per_request") for i in (0, 1)]
+        out[family]["server CPU: native / thread hop (16 threads)"] = (
+            round(cpu[0] / cpu[1], 2) if cpu[0] and cpu[1] else None
+        )
     return out
 
 
@@ -369,6 +376,10 @@ def targets(report: dict[str, Any]) -> list[dict[str, str]]:
             f"HTTP {family}: native req/s vs thread hop (6 threads, as before)",
             _get(report, "asyncio", "http", family, "native / thread hop (6 threads)"), 2.0,
             at_least=True))
+        rows.append(_check(
+            f"HTTP {family}: server CPU per request, native / thread hop (16 threads)",
+            _get(report, "asyncio", "http", family, "server CPU: native / thread hop (16 threads)"),
+            0.6))
         rows.append(_check(
             f"HTTP {family}: event-loop lag p99 at half the saturating load (native)",
             _get(report, "asyncio", "http", family, native, "half_load", "loop_lag", "p99_ms"),

@@ -12,12 +12,17 @@ the event loop through ``redis.asyncio``.
   ``handler.run_async`` each store call is awaited on the running event loop, with no thread
   hop.  A store (its connections) belongs to the event loop that first uses it: build one
   per loop (e.g. in the application's lifespan), not at import time for several loops.
-* Round trips: one per claim and one per completion, through the client's
-  ``execute_command``; batches and scans as pipelines.  At most ``max_connections`` steps
-  are in flight at once (default 50, also the size of the pool of a client built from a
-  URL); more wait their turn.
+* Round trips: one per claim and one per completion; batches as pipelines.  A standalone
+  client with a plain pool (a ``redis://`` URL) runs them on the store's held connections
+  of its event loop (the pool's own connection class and settings, redis-py's
+  ``send_packed_command`` / ``read_response``; no pool checkout per command); Cluster,
+  Sentinel and custom pools through the client's ``execute_command`` / ``pipeline``.  At
+  most ``max_connections`` steps are in flight at once (default 50, also the bound on the
+  held connections and the size of the pool of a client built from a URL); more wait
+  their turn.
 * Failures: bounded timeouts (connect 5 s, socket 5 s by default) and no automatic retries;
-  a reply later than ``socket_timeout`` fails its call and redis-py drops that connection;
+  a step (its send and its replies) later than ``socket_timeout`` fails and redis-py drops
+  that connection;
   every driver error, an unreachable server included, becomes
   :class:`~idempotent_tasks.StoreUnavailableError` at the boundary (the handler then fails
   closed: the body does not run).  ``wait_replicas=N`` works as for ``RedisStore``.

@@ -9,10 +9,14 @@ at this boundary; both use redis-py's documented client API only.
   pool's own connection class and settings, driven through ``send_command`` /
   ``read_response``); any other client is used as it is (``execute_command``,
   ``pipeline``).
-* :class:`AsyncTransport` (``AsyncRedisStore``): a ``redis.asyncio.Redis`` (its own pool,
-  hiredis when installed), ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed
-  ``redis.asyncio`` client, through ``execute_command`` and ``pipeline``; at most
-  ``max_connections`` steps are in flight at once (more wait their turn).
+* :class:`AsyncTransport` (``AsyncRedisStore``): a ``redis.asyncio.Redis``,
+  ``redis.asyncio.cluster.RedisCluster`` or a Sentinel-managed ``redis.asyncio`` client.  A
+  standalone client with a plain connection pool lends the store's held connections of its
+  event loop to single commands and pipelines (``_async_direct``: the client pool's own
+  connection class and settings, driven through ``send_packed_command`` /
+  ``read_response``); any other client is used as it is (``execute_command``,
+  ``pipeline``).  At most ``max_connections`` steps are in flight at once (more wait their
+  turn).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._core.errors import ConfigurationError
 from ..._core.records import Scope
+from ._async_direct import loop_connections
 from ._client import (
     CLUSTER_SCHEME,
     build_async_client,
@@ -158,6 +163,7 @@ class AsyncTransport:
                 f"RedisCluster, a Sentinel's master_for()), not {type(url_or_client).__name__}"
             )
         self.cluster = isinstance(self.client, redis.asyncio.cluster.RedisCluster)
+        self.held = loop_connections(self.client)
         self.errors: tuple[type[BaseException], ...] = (*driver_errors(), OSError)
         self.noscript: type[Exception] = redis.exceptions.NoScriptError
         #: Steps in flight at once; an uncontended acquire costs no task switch.
@@ -180,13 +186,17 @@ class AsyncTransport:
     async def _send(self, step: Step) -> Any:
         """One step's reply, or the error in its place (at most ``max_connections`` steps
         are in flight at once)."""
-        client = self.client
+        client, held = self.client, self.held
         try:
             async with self._slots:
                 if isinstance(step, tuple):
+                    if held is not None:
+                        return (await held.exchange((step,)))[0]
                     return await command(client, *step)
                 if isinstance(step, Scan):
                     return [key async for key in client.scan_iter(match=step.pattern, count=1000)]
+                if held is not None:
+                    return await held.exchange(step)
                 return await self._pipeline(step)
         except self.errors as exc:
             return exc  # refused by the server, or not carried out: the plan decides
@@ -198,6 +208,10 @@ class AsyncTransport:
         return list(await pipe.execute(raise_on_error=False))
 
     async def close(self, *, owned: bool) -> None:
+        """Disconnect the held connections (always ours), and close the client if
+        ``owned``."""
+        if self.held is not None:
+            await self.held.close()
         if owned:
             await self.client.aclose()
 
