@@ -289,7 +289,11 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
             transactional=task.transactional, require_key=task.require_key, ttl=task.ttl,
             lease_timeout=task.lease_timeout, max_retries=task.idempotency_max_retries,
             on_stuck=task.on_stuck,  # type: ignore[arg-type]
-            **task_policies(task),
+            # The policies of ``task_policies`` by name, not ``**task_policies(task)``: None
+            # is ``run``'s "not set" as well, and no dict is built per delivery (for speed).
+            on_in_progress=task.on_in_progress, wait_timeout=task.wait_timeout,
+            on_success=task.idempotency_on_success, reuse_after=task.reuse_after,
+            on_failure=task.idempotency_on_failure, reconcile=task.reconcile,
         )
     return _outcomes.apply(delivery, outcome)
 
