@@ -300,8 +300,7 @@ def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _body(delivery: Delivery, conn: Any) -> Any:
     """The task's own code, with the context on the request and the connection published."""
-    task = delivery.task
-    request = task.request
+    task, request = delivery.task, delivery.request
     request.idempotency = current_context()
     setattr(request, _IN_BODY, True)
     token = _connection.set(conn)
