@@ -107,10 +107,14 @@ def resolve(
     kwargs: dict[str, Any],
     handler: IdempotencyHandler,
     default_tenant: str | None,
+    request: Any = None,
 ) -> Delivery:
     """The delivery's scope (module docstring); a failing key/tenant/payload function is
-    invalid input (``InvalidInputError`` with the matching code)."""
-    request = task.request
+    invalid input (``InvalidInputError`` with the matching code).  ``request``: the
+    caller's ``task.request`` when it has it (each read of that property raises and catches
+    an ``AttributeError`` inside Celery's thread-local stack: for speed)."""
+    if request is None:
+        request = task.request
     key, tenant = scope_of(task, args, kwargs, functools.partial(header, request),
                            default_tenant)
     if key is None and not task.require_key:

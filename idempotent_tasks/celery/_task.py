@@ -190,7 +190,7 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ executing
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = self.request  # a property over Celery's request stack: read once
+        request = self.request  # read once: each read goes through Celery's request stack
         if request.called_directly:
             # A plain function call (no message, no result): Celery semantics, no dedup.
             return super().__call__(*args, **kwargs)
@@ -199,7 +199,7 @@ class IdempotentTask(celery.Task):  # type: ignore[misc]
         # previous values (structlog's context manager does that on every entry).
         tokens = bind_contextvars(task_id=request.id, task=self.name)
         try:
-            return run_delivery(self, args, kwargs)
+            return run_delivery(self, args, kwargs, request)
         finally:
             reset_contextvars(**tokens)
 
@@ -271,11 +271,14 @@ def task_policies(task: type[IdempotentTask] | IdempotentTask) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------- running
-def run_delivery(task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Resolve the scope, run the body through the engine, map the outcome onto Celery."""
+def run_delivery(
+    task: IdempotentTask, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any = None
+) -> Any:
+    """Resolve the scope, run the body through the engine, map the outcome onto Celery
+    (``request``: ``task.request``, when the caller has read it already)."""
     state = state_for(task.app)
     try:
-        delivery = resolve(task, args, kwargs, state.handler, state.default_tenant)
+        delivery = resolve(task, args, kwargs, state.handler, state.default_tenant, request)
     except IdempotencyError as exc:
         _outcomes.invalid_input(task, state.handler, exc)
     if task.transactional:
