@@ -40,7 +40,7 @@ _MAX_EXPONENT = 16
 
 def apply(delivery: Delivery, outcome: Outcome) -> Any:
     """The task's answer to ``outcome``: its return value, or it raises (retry or failure)."""
-    delivery.task.request.idempotency = outcome.context
+    delivery.request.idempotency = outcome.context
     return ACTIONS[outcome.kind](delivery, outcome)
 
 

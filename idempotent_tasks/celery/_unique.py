@@ -15,6 +15,7 @@ task's idempotency key.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import Any
 
@@ -115,22 +116,37 @@ def connect_release_signals() -> None:
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid=uid)
 
 
-def _on_prerun(task: Any = None, **_: Any) -> None:
-    _release(task, "start")
+#: The id of the task whose ``task_prerun`` found no mark on its request: its
+#: ``task_postrun`` (same thread, same context) need not read the request again.  For speed:
+#: every read of ``task.request`` goes through Celery's thread-local stack, which raises and
+#: catches an ``AttributeError`` each time, and most tasks carry no mark.
+_unmarked: ContextVar[str | None] = ContextVar("idempotent_tasks_unmarked", default=None)
+
+
+def _on_prerun(task: Any = None, task_id: str | None = None, **_: Any) -> None:
+    _unmarked.set(None if _release(task, "start") else task_id)
 
 
 def _on_postrun(
-    task: Any = None, state: str | None = None, retval: Any = None, **_: Any
+    task: Any = None, task_id: str | None = None, state: str | None = None,
+    retval: Any = None, **_: Any,
 ) -> None:
+    if task_id is not None and _unmarked.get() == task_id:
+        return  # its prerun read the same request: no mark
     if state in _FINAL_STATES or (state == "REJECTED" and not getattr(retval, "requeue", True)):
         _release(task, "finish")
 
 
-def _release(task: Any, moment: UniqueUntil) -> None:
+def _release(task: Any, moment: UniqueUntil) -> bool:
+    """Release the mark the task's request carries, if ``moment`` is its own; False when
+    the request carries none."""
     carried = header(getattr(task, "request", None), MARK_HEADER)
+    if carried is None:
+        return False
     state = getattr(getattr(task, "app", None), ATTRIBUTE, None)
-    if carried is not None and isinstance(state, CeleryState):
+    if isinstance(state, CeleryState):
         release_carried(state.handler, carried, moment)
+    return True
 
 
 __all__ = ["apply_unique", "connect_release_signals", "enqueue_unique"]

@@ -124,7 +124,7 @@ class ActorSpec:
         return {**given, **given_policies(self)}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message, and a frozen __init__ costs more
 class Resolved:
     """One message's scope parts and payload, before the handler validates them."""
 

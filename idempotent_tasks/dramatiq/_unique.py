@@ -33,7 +33,7 @@ from dramatiq.common import q_name
 
 from .._core.errors import ConfigurationError
 from .._core.handler import IdempotencyHandler
-from .._core.unique import MARK_HEADER, UniqueMark, UniqueUntil
+from .._core.unique import MARK_HEADER, UniqueMark
 from .._core.unique import unique_until as checked_until
 from ..enqueue import publish_unique, release_carried
 from ..typing import Seconds
@@ -200,20 +200,25 @@ class UniqueRelease:
         self.handler = handler
 
     def started(self, message: Any) -> None:
-        self._release(message, "start")
+        carried = message.options.get(MARK_HEADER)
+        if carried is not None:
+            release_carried(self.handler, carried, "start")
 
     def raised(self, message: Any) -> None:
         setattr(message, _RAISED, True)
 
     def settled(self, message: Any, *, acked: bool) -> None:
+        # The mark first: most messages carry none, and then nothing else is read (every
+        # attribute of the message proxy is a Python ``__getattr__``, a missing one an
+        # exception: for speed).
+        carried = message.options.get(MARK_HEADER)
+        if carried is None:
+            return
         if message.queue_name != q_name(message.queue_name):
             return  # a delayed message moved to its queue (a retry's backoff): not run yet
         if acked and getattr(message, _RAISED, False):
             return  # re-enqueued by Retries: the retry carries the mark
-        self._release(message, "finish")
-
-    def _release(self, message: Any, moment: UniqueUntil) -> None:
-        release_carried(self.handler, message.options.get(MARK_HEADER), moment)
+        release_carried(self.handler, carried, "finish")
 
 
 __all__ = ["UniqueActor", "UniqueRelease", "enqueue_unique"]
