@@ -364,7 +364,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, str]]:
         _check("async: first delivery vs redis.asyncio floor (claim script + SET XX)",
                _get(report, "asyncio", "redis", "first delivery", "ratio"), 1.3),
         _check("async: first delivery vs psycopg async floor (INSERT…RETURNING + UPDATE)",
-               _get(report, "asyncio", "postgresql", "first delivery", "ratio"), 1.5),
+               _get(report, "asyncio", "postgresql", "first delivery", "ratio"), 1.3),
         _check("async: replay vs redis.asyncio claim-or-get floor",
                _get(report, "asyncio", "redis", "replay (store)", "ratio"), 1.3),
         _check("async: replay vs psycopg async claim-or-get floor",

@@ -230,13 +230,34 @@ def targets(report: dict[str, Any]) -> list[dict[str, str]]:
         for kind in ("redis", "postgresql"):
             rows.append(_check(
                 f"{fw} end-to-end cost per task vs {kind} claim+complete floor in the worker",
-                _get(report, "e2e", fw, kind, "ratio_to_worker_floor"), 1.5))
+                _get(report, "e2e", fw, kind, "ratio_to_worker_floor"), 1.2))
             rows.append(_check(
                 f"{fw} end-to-end cost per task vs {kind} claim+complete floor in a loop",
                 _get(report, "e2e", fw, kind, "ratio_to_floor"), 1.5))
-    for kind, limit in (("redis", 20_000), ("postgresql", 10_000)):
+    for kind, limit in (("redis", 100_000), ("postgresql", 50_000)):
         rates = _get(report, "batch", kind, "scopes_per_s") or {}
         best = max((v for k, v in rates.items() if k.startswith("create_many")), default=None)
         rows.append(_check(f"batch claims on {kind} (best of create_many sizes)", best, limit,
                            "{:,.0f}/s", at_least=True))
+    return rows + floor_and_cpu_targets(report)
+
+
+def floor_and_cpu_targets(report: dict[str, Any]) -> list[dict[str, str]]:
+    """The embedded default against its floor, the memory store's instructions per
+    delivery (half of a7d21ef's), Kafka batches of 100 with batched completion."""
+    rows = [
+        _check(f"SQLite {measure} vs its floor",
+               _get(report, "core", "sqlite", measure, "ratio"), 1.5)
+        for measure in ("first delivery", "replay (store)")
+    ]
+    for measure, limit in (("first delivery", 107_800), ("replay (store)", 50_300)):
+        rows.append(_check(
+            f"instructions per {measure}, memory store, metrics=None",
+            _get(report, "cpu", "ours", f"{measure}, metrics=None", "instructions"), limit,
+            "{:,.0f}"))
+    for kind, limit in (("redis", 40_000), ("postgresql", 25_000)):
+        rate = _get(report, "consumers", "kafka", kind, "batch_completion")
+        rows.append(_check(f"Kafka batch of 100 with batch_completion on {kind}",
+                           rate if isinstance(rate, int | float) else None, limit,
+                           "{:,.0f} msg/s", at_least=True))
     return rows
