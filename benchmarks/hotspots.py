@@ -62,11 +62,11 @@ def redis_first_delivery(n: int) -> dict[str, Any]:
             # {token} on CREATED (the token as the script formatted it)
             (token,) = client.execute_command(
                 "EVALSHA", claim_sha, 3, k.record, k.processing, k.tokens, now, now + 300,
-                store._gc_ms, k.encoded, HASH,
+                store._protocol.gc_ms, k.encoded, HASH,
             )
             client.execute_command(
                 "EVALSHA", mark_sha, 4, k.record, k.counter, k.processing, k.finished, token,
-                RESPONSE, now, now + 86400, store._gc_ms,
+                RESPONSE, now, now + 86400, store._protocol.gc_ms,
             )
 
         import redis  # a blocking pool: no held connections, every call through the client

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -47,7 +48,7 @@ def peers_table(data: dict[str, Any], console: Console) -> None:
                ["peer", "measure", "peer µs", "ours µs", "ratio"])
     for peer, rows in data.items():
         if "error" in rows:
-            t.add_row(peer, rows["error"], "-", "-", "-")
+            t.add_row(peer, escape(rows["error"]), "-", "-", "-")  # "[bench]" is not markup
             continue
         for measure, row in rows.items():
             t.add_row(peer, measure, _num(row["peer"]), _num(row["ours"]), _ratio(row["ratio"]))
