@@ -41,8 +41,13 @@ def _store() -> Iterator[Any]:
     from idempotent_tasks import SQLStore
 
     prefix = f"bench_ob_{uuid.uuid4().hex[:8]}"
+    from idempotent_tasks.outbox import Outbox
+
     store = SQLStore(POSTGRES_URL, table_prefix=prefix)
     store.create_schema()
+    # the outbox's tables are the store's only once the outbox package is imported: when
+    # this section runs first in a process, they must be created here
+    Outbox(store).create_schema()
     try:
         yield store
     finally:
