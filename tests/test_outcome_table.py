@@ -116,7 +116,8 @@ def test_celery_row(kind: str) -> None:
 
     task.push_request(id=uuid.uuid4().hex, retries=0, is_eager=False, called_directly=False,
                       delivery_info={"routing_key": "celery"})
-    delivery = Delivery(task, (), {}, handler, outcome.tenant, outcome.key, None)
+    delivery = Delivery(task, (), {}, handler, outcome.tenant, outcome.key, None,
+                        task.request)
     try:
         if kind in ("executed", "replayed"):
             assert apply(delivery, outcome) == {"n": 1}
@@ -165,7 +166,7 @@ def test_celery_stale_owner_comes_back_instead_of_acking() -> None:
                       delivery_info={"routing_key": "celery"})
     try:
         with pytest.raises(Retry):
-            apply(Delivery(task, (), {}, handler, "acme", key, None), outcome)
+            apply(Delivery(task, (), {}, handler, "acme", key, None, task.request), outcome)
     finally:
         task.pop_request()
 
