@@ -73,14 +73,20 @@ def _prepare(tree: Path) -> None:
 
 def _count(tree: Path, mode: str, metrics: str, n: int) -> int:
     """Instructions of one probe run under callgrind."""
-    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               *_probe_args(mode, n, metrics)]
+    return callgrind_instructions(tree, _probe_args(mode, n, metrics),
+                                  f"{mode} n={n} metrics={metrics}", timeout=900)
+
+
+def callgrind_instructions(tree: Path, probe: list[str], what: str, *, timeout: float) -> int:
+    """Instructions (Ir) of the ``probe`` command run under callgrind against ``tree``'s
+    package (checked from the probe's ``package:`` line); ``what`` names it in errors."""
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *probe]
     done = subprocess.run(command, cwd=tempfile.gettempdir(), env=_env(tree),
-                          capture_output=True, text=True, timeout=900, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
-        raise RuntimeError(f"callgrind probe {mode} n={n} metrics={metrics} failed "
-                           f"(exit {done.returncode}): {done.stderr[-1500:]}")
+        raise RuntimeError(f"callgrind probe {what} failed (exit {done.returncode}): "
+                           f"{done.stderr[-1500:]}")
     _check_package(done.stdout, tree)
     return int(found.group(1).replace(",", ""))
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .cpu import _COLLECTED, ROOT, _check_package, _env, worktree
+from .cpu import ROOT, _env, callgrind_instructions, worktree
 
 PROBE = Path(__file__).resolve().parent / "_integration_cpu_probe.py"
 FRAMEWORKS = ("celery", "dramatiq")
@@ -30,16 +30,10 @@ VARIANTS = ("layer", "execute")
 
 
 def _count(tree: Path, framework: str, variant: str, mode: str, n: int) -> int:
-    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, str(PROBE), framework, variant, mode, str(n)]
-    done = subprocess.run(command, cwd=tempfile.gettempdir(), env=_env(tree),
-                          capture_output=True, text=True, timeout=1800, check=False)
-    found = _COLLECTED.search(done.stderr)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"probe {framework} {variant} {mode} n={n} failed: "
-                           f"{done.stderr[-1500:]}")
-    _check_package(done.stdout, tree)
-    return int(found.group(1).replace(",", ""))
+    return callgrind_instructions(
+        tree, [sys.executable, str(PROBE), framework, variant, mode, str(n)],
+        f"{framework} {variant} {mode} n={n}", timeout=1800,
+    )
 
 
 def measure(tree: Path, ns: tuple[int, int]) -> dict[str, int]:
