@@ -13,7 +13,7 @@ from ..typing import (
 )
 from .batch import Entry
 from .commands import Command
-from .drivers import drive
+from .drivers import drive, driven
 from .engine import Engine
 from .errors import ConfigurationError, IdempotencyError
 from .flat import run_flat
@@ -71,9 +71,8 @@ def run_call(
     the flat path (:mod:`.flat`) where it applies — a sync store without a cache — else the
     flow.  The caller checked that no tracer is installed."""
     if engine.cache is not None or engine.io.native_async:
-        flow = build_flow(engine, fn, operation, tenant, key, payload, permanent, False,
-                          require_key, False, overrides)
-        return flow if isinstance(flow, Outcome) else drive(engine, flow)
+        return driven(engine, build_flow(engine, fn, operation, tenant, key, payload,
+                                         permanent, False, require_key, False, overrides))
     try:
         call = engine.prepare(operation, tenant, key, payload, require_key, overrides)
     except IdempotencyError as err:
