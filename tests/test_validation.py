@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, MemoryStore
+from idempotent_tasks import ErrorCode, IdempotencyError, IdempotencyHandler, MemoryStore, Status
 from idempotent_tasks.testing import FakeClock
 
 
@@ -48,6 +48,9 @@ CASES = [
     ("k", "t", "op", {"x": math.nan}, ErrorCode.INVALID_PAYLOAD),
     ("k", "t", "op", {"x": math.inf}, ErrorCode.INVALID_PAYLOAD),
     ("k", "t", "op", {1: "int key"}, ErrorCode.INVALID_PAYLOAD),
+    # past the small-dict loop of the serializer's key check: the set-based checks
+    ("k", "t", "op", {**{f"f{i}": i for i in range(9)}, 1: "int key"}, ErrorCode.INVALID_PAYLOAD),
+    ("k", "t", "op", {"a": 1, "b": {"c": [{None: 1}]}}, ErrorCode.INVALID_PAYLOAD),
     ("k", "t", "op", {"x": object()}, ErrorCode.INVALID_PAYLOAD),
     ("k", "t", "op", {"x": b"bytes"}, ErrorCode.INVALID_PAYLOAD),
     ("k", "t", "op", {"x": {1, 2}}, ErrorCode.INVALID_PAYLOAD),
@@ -106,3 +109,14 @@ def test_bad_configuration_is_refused() -> None:
         with pytest.raises(IdempotencyError) as ei:
             IdempotencyHandler(MemoryStore(), metrics=None, **kwargs)  # type: ignore[arg-type]
         assert ei.value.code == ErrorCode.CONFIGURATION_ERROR
+
+
+def test_str_subclass_keys_are_accepted_like_their_text(handler: IdempotencyHandler) -> None:
+    """A StrEnum key is a string: accepted, small dict or large, and hashed as its text."""
+    engine = handler._engine
+    for size in (1, 12):  # the serializer's small-dict loop, then its set-based checks
+        plain = {"SUCCESS": 1, **{f"f{i}": i for i in range(size - 1)}}
+        member = {Status.SUCCESS: 1, **{f"f{i}": i for i in range(size - 1)}}
+        assert engine.hash_payload(engine.scope(operation="op", tenant="t", key="k"), member) == (
+            engine.hash_payload(engine.scope(operation="op", tenant="t", key="k"), plain)
+        )

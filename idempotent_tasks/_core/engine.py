@@ -42,6 +42,17 @@ _MAX_ACCEPTED = 4096  # distinct tenants/operations remembered as valid
 _new_scope = tuple.__new__  # Scope(...) without the named tuple's Python-level __new__
 
 
+def _always() -> bool:
+    return True
+
+
+def _bad_payload(scope: Scope, message: str) -> InvalidInputError:
+    return InvalidInputError(
+        message, code=ErrorCode.INVALID_PAYLOAD,
+        tenant=scope.tenant, operation=scope.operation, key=scope.key,
+    )
+
+
 class Call:
     """One validated delivery: its scope, the payload's hash and the options in force."""
 
@@ -108,9 +119,9 @@ class Engine:
         self.waiters = Waiters(max_waiters)
         self.heartbeat_interval = _heartbeat_interval(heartbeat_interval, self.defaults)
         self.log: Logger = logger if logger is not None else default_logger()
-        self._debug_enabled: Callable[[], bool] | None = getattr(
-            self.log, "debug_enabled", None
-        )
+        #: Whether debug lines are wanted now (a logger without ``debug_enabled`` always
+        #: gets them): the hot paths ask before they build a line's fields.
+        self.debug_enabled: Callable[[], bool] = getattr(self.log, "debug_enabled", _always)
         self.metrics: Metrics = (
             default_metrics() if metrics == "auto" else (metrics or NoMetrics())
         )
@@ -190,7 +201,13 @@ class Engine:
         options = self._operations.get(op, self.defaults)
         if overrides is not None:
             options = options.merged(**overrides)
-        return Call(scope, self.hash_payload(scope, payload), options)
+        try:
+            encoded = self._dumps(payload)
+        except (SerializationError, TypeError, ValueError) as exc:
+            raise _bad_payload(scope, f"payload is not serialisable: {exc}") from exc
+        if len(encoded) > self.max_payload_bytes:
+            raise _bad_payload(scope, f"payload is larger than {self.max_payload_bytes} bytes")
+        return Call(scope, _sha256(encoded).hexdigest(), options)  # request_hash(), inlined
 
     def _validated(self, value: object, validate: Callable[[object], str]) -> str:
         """Tenants and operations repeat on every message: validate each distinct one once
@@ -211,21 +228,11 @@ class Engine:
         return Scope(validate_tenant(tenant), validate_operation(operation), validate_key(key))
 
     def hash_payload(self, scope: Scope, payload: Any) -> str:
-        try:
-            encoded = self._dumps(payload)
-        except (SerializationError, TypeError, ValueError) as exc:
-            raise InvalidInputError(
-                f"payload is not serialisable: {exc}", code=ErrorCode.INVALID_PAYLOAD,
-                tenant=scope.tenant, operation=scope.operation, key=scope.key,
-            ) from exc
-        if len(encoded) > self.max_payload_bytes:
-            raise InvalidInputError(
-                f"payload is larger than {self.max_payload_bytes} bytes",
-                code=ErrorCode.INVALID_PAYLOAD,
-                tenant=scope.tenant, operation=scope.operation, key=scope.key,
-            )
-        digest: str = _sha256(encoded).hexdigest()  # request_hash(), without the call
-        return digest
+        """The request hash ``prepare`` computes for ``payload`` (INVALID_PAYLOAD when it
+        cannot be encoded or is too large)."""
+        call = self.prepare(scope.operation, scope.tenant, scope.key, payload, True)
+        assert call is not None  # a key is required: never unkeyed
+        return call.request_hash
 
     # ------------------------------------------------------------------ encoding
     def encode_response(self, call: Call, result: Any) -> bytes:
@@ -283,8 +290,7 @@ class Engine:
     def debug(self, event: str, call: Call, **fields: Any) -> None:
         """A debug line for a scope (executed, replayed): its fields are built only when
         debug logging is on (a logger without ``debug_enabled`` always gets them)."""
-        enabled = self._debug_enabled
-        if enabled is None or enabled():
+        if self.debug_enabled():
             self.log.debug(event, **call.fields(), **fields)
 
     def lease_lost(self, call: Call) -> None:

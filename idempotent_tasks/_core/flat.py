@@ -29,7 +29,6 @@ from .drivers import drive
 from .engine import Call, Claim, Engine
 from .errors import IdempotencyError
 from .flow import (
-    CREATED,
     Flow,
     Pending,
     body_context,
@@ -48,7 +47,7 @@ from .recording import (
     success_write,
     unstorable,
 )
-from .records import IdempotencyContext, StoredRecord
+from .records import CREATED, IdempotencyContext, StoredRecord
 
 
 def run_flat(engine: Engine, call: Call, fn: Callable[[], Any], permanent: Permanent) -> Outcome:

@@ -81,7 +81,8 @@ def recorded(
     """A SUCCESS that is written: the replayable value (the serializer's round trip, as a
     replay will return it), metrics and log."""
     engine.metrics.execution(call.scope.operation, "success")
-    engine.debug("executed", call, status="SUCCESS")
+    if engine.debug_enabled():  # engine.debug, inlined: a frame less on every execution
+        engine.log.debug("executed", status="SUCCESS", **call.fields())
     return finished(call, claim, ctx, "executed", result=engine._loads(encoded))
 
 

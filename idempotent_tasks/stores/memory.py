@@ -18,7 +18,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from .._core.records import (
+    CREATED,
+    DUPLICATE,
+    PROCESSING,
+    SUCCESS,
+    CreateResult,
+    Scope,
+    Status,
+    StoredRecord,
+)
 from ._feed import Waiters, scope_digest
 from .base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 
@@ -73,14 +82,14 @@ class MemoryStore:
         existing = self._records.get(scope)
         if existing is not None:
             if existing.expires_at is None or existing.expires_at > now:
-                return CreateResult(CreateOutcome.DUPLICATE, existing)
+                return CreateResult(DUPLICATE, existing)
             self._counters.pop(scope, None)  # re-created after expiry: a fresh counter
         record = StoredRecord(
-            scope, Status.PROCESSING, request_hash, None, self._next_token(), now, now,
+            scope, PROCESSING, request_hash, None, self._next_token(), now, now,
             lease_expires_at, None,
         )
         self._records[scope] = record
-        return CreateResult(CreateOutcome.CREATED, record)
+        return CreateResult(CREATED, record)
 
     def get(self, scope: Scope) -> StoredRecord | None:
         with self._lock:
@@ -88,7 +97,7 @@ class MemoryStore:
 
     def _owned(self, scope: Scope, token: int) -> StoredRecord | None:
         record = self._records.get(scope)
-        if record is None or record.status is not Status.PROCESSING:
+        if record is None or record.status is not PROCESSING:
             return None
         if record.fencing_token != token:
             return None
@@ -167,7 +176,7 @@ class MemoryStore:
             if record is None:
                 return False
             self._records[scope] = StoredRecord(  # a new record: handed-out ones never change
-                scope, Status.SUCCESS, record.request_hash, response, token,
+                scope, SUCCESS, record.request_hash, response, token,
                 record.created_at, now, None, expires_at,
             )
             return True

@@ -7,7 +7,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..._core.errors import IdempotencyError
-from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from ..._core.records import (
+    CREATED,
+    DUPLICATE,
+    PROCESSING,
+    SUCCESS,
+    CreateResult,
+    Scope,
+    Status,
+    StoredRecord,
+)
 
 #: Hex digits of the scope digest that pick the shard (2 → 256 shards / hash slots).
 SHARD_DIGITS: Final = 2
@@ -16,9 +25,6 @@ DIGEST_DIGITS: Final = 32
 #: A record's fields, in the order every read asks for them.
 FIELDS: Final = ("st", "rh", "rs", "tk", "ca", "ua", "le", "ea", "sc")
 _STATUS: Final = {s.value.encode(): s for s in Status}
-_PROCESSING: Final = Status.PROCESSING
-_SUCCESS: Final = Status.SUCCESS
-_CREATED: Final = CreateOutcome.CREATED
 
 
 class Shard:
@@ -84,7 +90,7 @@ def record(scope: Scope, v: Sequence[bytes]) -> StoredRecord:
         scope,
         status,
         v[1].decode(),
-        v[2] if status is Status.SUCCESS else (v[2] or None),
+        v[2] if status is SUCCESS else (v[2] or None),
         int(v[3]),
         float(v[4]),
         float(v[5]),
@@ -103,7 +109,7 @@ def unpack(scope: Scope, raw: bytes) -> StoredRecord:
         scope,
         status,
         rest[:cut].decode(),
-        rest[cut:] if status is _SUCCESS else (rest[cut:] or None),
+        rest[cut:] if status is SUCCESS else (rest[cut:] or None),
         int(tk),
         float(ca),
         float(ua),
@@ -132,8 +138,8 @@ def claim_result(
     DUPLICATE from the record's fields returned by the same script call."""
     if isinstance(item, list):  # StoredRecord.claimed(...), built positionally: the hot path
         token = int(item[0])
-        claimed = StoredRecord(scope, _PROCESSING, request_hash, None, token, now, now, lease, None)
-        return CreateResult(_CREATED, claimed)
+        claimed = StoredRecord(scope, PROCESSING, request_hash, None, token, now, now, lease, None)
+        return CreateResult(CREATED, claimed)
     if type(item) is int:  # 0: the digest is another scope's
         raise IdempotencyError(
             "redis store: scope digest collision (another scope owns this key)",
@@ -141,4 +147,4 @@ def claim_result(
             operation=scope.operation,
             key=scope.key,
         )
-    return CreateResult(CreateOutcome.DUPLICATE, unpack(scope, item))
+    return CreateResult(DUPLICATE, unpack(scope, item))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from ..._core.errors import ConfigurationError
-from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from ..._core.records import CREATED, DUPLICATE, CreateResult, Scope, Status, StoredRecord
 
 STATUS: Final[Mapping[str, Status]] = {s.value: s for s in Status}
 
@@ -261,7 +261,7 @@ def one(cursor: Any, sql: str, params: Mapping[str, Any]) -> Any:
 def created(scope: Scope, p: Mapping[str, Any], token: Any) -> CreateResult:
     """CREATED, built from our own arguments and the token the database drew."""
     claimed = StoredRecord.claimed(scope, p["request_hash"], int(token), p["now"], p["lease"])
-    return CreateResult(CreateOutcome.CREATED, claimed)
+    return CreateResult(CREATED, claimed)
 
 
 def live_duplicate(scope: Scope, row: Sequence[Any], now: float) -> CreateResult | None:
@@ -279,4 +279,4 @@ def live_duplicate(scope: Scope, row: Sequence[Any], now: float) -> CreateResult
     found = record(scope, row)
     if found.expires_at is not None and found.expires_at <= now:
         return None
-    return CreateResult(CreateOutcome.DUPLICATE, found)
+    return CreateResult(DUPLICATE, found)
