@@ -55,6 +55,24 @@ class BatchRules:
         assert store.get(absent) is None
         assert store.mark_success_many([], now=NOW) == []
 
+    def test_batches_keep_every_character_and_byte(self, store: Store) -> None:
+        """What a batch sends as one piece (a SQL array, a script's arguments) must keep
+        each part whole: separators, quotes, escapes and the word NULL are data."""
+        keys = ["NULL", "a,b", '{"x"}', "back\\slash\\", " spaced ", "tab\tnew\nline", "é€😀"]
+        scopes = [Scope(f"t{i},\\", f'op"{i}', k) for i, k in enumerate(keys)]
+        hashes = [f'h"{i}\\' for i in range(len(keys))]
+        claims = [ClaimRequest(s, h) for s, h in zip(scopes, hashes, strict=True)]
+        results = store.create_many(claims, now=NOW, lease_expires_at=LEASE)
+        assert [r.record.scope for r in results] == scopes and all(r.created for r in results)
+        responses = [b"", b"\\x00", b'"{}",NULL', bytes(range(256)), b"\x00", b"a", b"\\"]
+        writes = [SuccessWrite(s, r.record.fencing_token, body, NOW + 0.1 + i)
+                  for i, (s, r, body) in enumerate(zip(scopes, results, responses, strict=True))]
+        assert store.mark_success_many(writes, now=NOW + 1) == [True] * len(keys)
+        for i, (s, h, body) in enumerate(zip(scopes, hashes, responses, strict=True)):
+            got = store.get(s)
+            assert got is not None and got.status is Status.SUCCESS, s
+            assert (got.request_hash, got.response, got.expires_at) == (h, body, NOW + 0.1 + i)
+
 
 class MaintenanceRules:
     """Recovery finds expired leases, cleanup purges expired records and stale counters,

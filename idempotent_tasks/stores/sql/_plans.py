@@ -26,6 +26,7 @@ from ..._core.errors import ConfigurationError, StoreUnavailableError
 from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from . import _postgres as pg
+from ._arrays import bytea_array, number_array, scope_arrays, text_array
 from ._errors import SCHEMA_MISSING, schema_missing, translate
 from ._schema import (
     DEFAULT_TABLE_PREFIX,
@@ -47,7 +48,6 @@ from ._statements import (
     mark_failed,
     pyformat,
     record,
-    scope_arrays,
     scope_params,
     scoped_record,
     take_over_params,
@@ -323,17 +323,17 @@ class PostgresPlans(CommonPlans):
         self, claims: Sequence[ClaimRequest], now: float, lease: float
     ) -> Plan[list[CreateResult | None]]:
         params = scope_arrays([c.scope for c in claims])
-        params.update(hashes=[c.request_hash for c in claims], now=now, lease=lease)
+        params.update(hashes=text_array([c.request_hash for c in claims]), now=now, lease=lease)
         rows = yield (self.sql.create_many, params, ROWS)
         results: list[CreateResult | None] = []
         for claim, row in zip(claims, rows, strict=True):
-            if row[1]:
+            if row[0]:
                 claimed = StoredRecord.claimed(
-                    claim.scope, claim.request_hash, int(row[2]), now, lease
+                    claim.scope, claim.request_hash, int(row[1]), now, lease
                 )
                 results.append(CreateResult(CreateOutcome.CREATED, claimed))
             else:
-                results.append(live_duplicate(claim.scope, row[3:], now))
+                results.append(live_duplicate(claim.scope, row[2:], now))
         return results
 
     def take_over(
@@ -358,11 +358,11 @@ class PostgresPlans(CommonPlans):
         if not writes:
             return []
         params = scope_arrays([w.scope for w in writes])
-        params.update(
-            tokens=[w.token for w in writes], responses=[w.response for w in writes],
-            expires=[w.expires_at for w in writes], now=now,
-        )
-        done = {Scope(*row) for row in (yield (self.sql.mark_success_many, params, ROWS))}
+        params.update(tokens=number_array([w.token for w in writes]), now=now,
+                      responses=bytea_array([w.response for w in writes]),
+                      expires=number_array([w.expires_at for w in writes]))
+        rows = yield (self.sql.mark_success_many, params, ROWS)
+        done = {writes[row[0] - 1].scope for row in rows}  # the input positions written
         return [w.scope in done for w in writes]
 
     def record_failure(

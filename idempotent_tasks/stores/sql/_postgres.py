@@ -61,12 +61,13 @@ def _create_sql(r: str, c: str, token: str) -> str:
 
 
 def _create_many_sql(r: str, c: str, token: str) -> str:
-    """A whole batch in one statement; one row per claim in input order: (ord, created,
-    token drawn, the existing record's columns).  Scopes with a live record are left out of
-    the INSERT, so a replayed batch draws no tokens."""
+    """A whole batch in one statement; one row per claim in input order: (created, token
+    drawn, the existing record's columns).  Scopes with a live record are left out of the
+    INSERT, so a replayed batch draws no tokens.  The columns come as array literals
+    (``_arrays``), cast to arrays here."""
     return q.pyformat(
-        "WITH input AS (SELECT * FROM unnest(:tenants::text[], :operations::text[], "
-        ":keys::text[], :hashes::text[]) WITH ORDINALITY "
+        "WITH input AS (SELECT * FROM unnest(:tenants::text::text[], "
+        ":operations::text::text[], :keys::text::text[], :hashes::text::text[]) WITH ORDINALITY "
         "AS i(tenant, operation, key, request_hash, ord)), "
         f"ins AS (INSERT INTO {r} AS r {q.INSERT_COLS} "
         f"SELECT tenant, operation, key, 'PROCESSING', request_hash, NULL, {token}, "
@@ -79,7 +80,7 @@ def _create_many_sql(r: str, c: str, token: str) -> str:
         "RETURNING r.tenant, r.operation, r.key, (r.xmax = 0) AS inserted, r.fencing_token), "
         f"reset AS (DELETE FROM {c} AS c USING ins WHERE NOT ins.inserted "
         "AND c.tenant = ins.tenant AND c.operation = ins.operation AND c.key = ins.key) "
-        "SELECT i.ord, ins.tenant IS NOT NULL, ins.fencing_token, "
+        "SELECT ins.tenant IS NOT NULL, ins.fencing_token, "
         + ", ".join(f"r.{col}" for col in q.RECORD_COLS.split(", "))
         + " FROM input i LEFT JOIN ins ON ins.tenant = i.tenant "
         "AND ins.operation = i.operation AND ins.key = i.key "
@@ -89,15 +90,17 @@ def _create_many_sql(r: str, c: str, token: str) -> str:
 
 
 def _mark_success_many_sql(r: str) -> str:
+    """One set-based UPDATE; it returns the input positions (1-based) it wrote."""
     return q.pyformat(
-        "WITH input AS (SELECT * FROM unnest(:tenants::text[], :operations::text[], "
-        ":keys::text[], :tokens::bigint[], :responses::bytea[], :expires::float8[]) "
-        "AS i(tenant, operation, key, fencing_token, response, expires_at)) "
+        "WITH input AS (SELECT * FROM unnest(:tenants::text::text[], "
+        ":operations::text::text[], :keys::text::text[], :tokens::text::bigint[], "
+        ":responses::text::bytea[], :expires::text::float8[]) WITH ORDINALITY "
+        "AS i(tenant, operation, key, fencing_token, response, expires_at, ord)) "
         f"UPDATE {r} AS r SET status = 'SUCCESS', response = i.response, "
         "updated_at = :now, lease_expires_at = NULL, expires_at = i.expires_at "
         "FROM input i WHERE r.tenant = i.tenant AND r.operation = i.operation "
         "AND r.key = i.key AND r.status = 'PROCESSING' "
-        "AND r.fencing_token = i.fencing_token RETURNING r.tenant, r.operation, r.key"
+        "AND r.fencing_token = i.fencing_token RETURNING i.ord"
     )
 
 

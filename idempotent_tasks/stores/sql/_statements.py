@@ -213,15 +213,6 @@ def check_intact(intact: bool, scope: Scope) -> None:
         )
 
 
-def scope_arrays(scopes: Sequence[Scope]) -> dict[str, Any]:
-    """The scopes as three parallel arrays, for the set-based statements' ``unnest``."""
-    return {
-        "tenants": [s.tenant for s in scopes],
-        "operations": [s.operation for s in scopes],
-        "keys": [s.key for s in scopes],
-    }
-
-
 def claim_params(scope: Scope, request_hash: str, now: float, lease: float) -> dict[str, Any]:
     """The claim's parameters (one dict literal: this runs on every delivery)."""
     return {
