@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from ..._core.records import CreateOutcome, CreateResult, Scope, StoredRecord
+from ..._core.records import CREATED, DUPLICATE, CreateResult, Scope, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from . import _statements as q
 
@@ -174,7 +174,7 @@ class MySQLOps:
             return None
         found = q.record(scope, row)
         if found.expires_at is None or found.expires_at > p["now"]:
-            return CreateResult(CreateOutcome.DUPLICATE, found)
+            return CreateResult(DUPLICATE, found)
         return self._transaction(cur, lambda c: self._replace_expired(c, scope, p))
 
     def _replace_expired(self, cur: Any, scope: Scope, p: Mapping[str, Any]) -> CreateResult | None:
@@ -183,7 +183,7 @@ class MySQLOps:
             return None  # purged meanwhile: claim it with a fresh INSERT
         found = q.record(scope, row)
         if found.expires_at is None or found.expires_at > p["now"]:
-            return CreateResult(CreateOutcome.DUPLICATE, found)  # replaced by someone else
+            return CreateResult(DUPLICATE, found)  # replaced by someone else
         cur.execute(self._q.reset_count, p)  # re-created after expiry: a fresh counter
         cur.execute(self._replace_sql, {**p, "created_at": p["now"]})
         return q.created(scope, p, cur.lastrowid)
@@ -204,14 +204,14 @@ class MySQLOps:
             if rec is None:
                 missing.append(claim)
             live = rec is not None and (rec.expires_at is None or rec.expires_at > now)
-            results.append(CreateResult(CreateOutcome.DUPLICATE, rec) if live and rec else None)
+            results.append(CreateResult(DUPLICATE, rec) if live and rec else None)
         if missing:
             tokens = self._transaction(cur, lambda c: self._insert_many(c, missing, now, lease))
             for i, claim in enumerate(claims):
                 token = tokens.get(claim.scope)
                 if token is not None:
                     mine = StoredRecord.claimed(claim.scope, claim.request_hash, token, now, lease)
-                    results[i] = CreateResult(CreateOutcome.CREATED, mine)
+                    results[i] = CreateResult(CREATED, mine)
         return results
 
     def _records_of(self, cur: Any, scopes: Sequence[Scope]) -> dict[Scope, StoredRecord]:

@@ -23,7 +23,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Final, TypeAlias, TypeVar
 
 from ..._core.errors import ConfigurationError, StoreUnavailableError
-from ..._core.records import CreateOutcome, CreateResult, Scope, Status, StoredRecord
+from ..._core.records import CREATED, CreateResult, Scope, Status, StoredRecord
 from ..base import ClaimRequest, FailureResult, SuccessWrite, TakeOver
 from . import _postgres as pg
 from ._arrays import bytea_array, number_array, scope_arrays, text_array
@@ -331,7 +331,7 @@ class PostgresPlans(CommonPlans):
                 claimed = StoredRecord.claimed(
                     claim.scope, claim.request_hash, int(row[1]), now, lease
                 )
-                results.append(CreateResult(CreateOutcome.CREATED, claimed))
+                results.append(CreateResult(CREATED, claimed))
             else:
                 results.append(live_duplicate(claim.scope, row[2:], now))
         return results
